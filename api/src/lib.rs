@@ -1,0 +1,24 @@
+//! Shared vocabulary of Ambit's node proxy and control plane.
+//!
+//! # Layout
+//!
+//! - [`identity`]: workload identities, their SPIFFE IDs and DNS names.
+//! - [`duration`]: durations as written in configuration (`24h`, `500ms`).
+//! - [`proto`]: gRPC bindings generated from `proto/` at build time.
+//!
+//! The node proxy and the control plane never import each other; this crate is all they
+//! share.
+
+pub mod duration;
+pub mod identity;
+
+/// gRPC bindings generated from the `.proto` files in `api/proto`.
+pub mod proto {
+    /// The identity (certificate authority) service, `ambit.identity.v1`.
+    pub mod identity {
+        #![allow(missing_docs, clippy::all, missing_debug_implementations)]
+        tonic::include_proto!("ambit.identity.v1");
+    }
+}
+
+pub use identity::{IdentityError, WorkloadIdentity, DEFAULT_TRUST_DOMAIN};

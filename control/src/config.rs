@@ -1,0 +1,143 @@
+//! Configuration of `ambit-control`: every flag has an environment variable, every value is
+//! checked before start-up, and all problems are reported at once.
+
+use ambit_api::duration::parse_duration;
+use ambit_api::DEFAULT_TRUST_DOMAIN;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Environment variable names, in one place.
+pub mod env {
+    /// Trust domain of issued identities.
+    pub const TRUST_DOMAIN: &str = "AMBIT_TRUST_DOMAIN";
+    /// PEM bundle of trust anchors.
+    pub const TRUST_ANCHORS: &str = "AMBIT_TRUST_ANCHORS";
+    /// PEM issuer certificate.
+    pub const ISSUER_CERT: &str = "AMBIT_ISSUER_CERT";
+    /// PEM issuer key.
+    pub const ISSUER_KEY: &str = "AMBIT_ISSUER_KEY";
+    /// Workload certificate lifetime.
+    pub const CERT_LIFETIME: &str = "AMBIT_CERT_LIFETIME";
+    /// Backdating of notBefore.
+    pub const CLOCK_SKEW_ALLOWANCE: &str = "AMBIT_CLOCK_SKEW_ALLOWANCE";
+    /// Where cluster state comes from.
+    pub const BACKEND: &str = "AMBIT_BACKEND";
+    /// Directory of YAML objects (local backend).
+    pub const LOCAL_DIR: &str = "AMBIT_LOCAL_DIR";
+    /// How often the directory is checked for changes.
+    pub const LOCAL_POLL_INTERVAL: &str = "AMBIT_LOCAL_POLL_INTERVAL";
+    /// Node credentials file (local backend).
+    pub const NODE_TOKENS: &str = "AMBIT_NODE_TOKENS";
+    /// Identity gRPC listen address.
+    pub const IDENTITY_ADDR: &str = "AMBIT_IDENTITY_ADDR";
+    /// Admin HTTP listen address.
+    pub const ADMIN_ADDR: &str = "AMBIT_ADMIN_ADDR";
+    /// Log filter.
+    pub const LOG: &str = "AMBIT_LOG";
+}
+
+/// Shortest workload certificate lifetime accepted.
+pub const MIN_CERT_LIFETIME: Duration = Duration::from_secs(60);
+
+/// Where the control plane reads cluster state from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    /// Kubernetes objects as YAML files in a directory (`--local-dir`).
+    Local,
+}
+
+/// `ambit-control` configuration.
+#[derive(Clone, Debug, clap::Parser, serde::Serialize)]
+#[command(name = "ambit-control", version, about = "Ambit control plane: CA, discovery and policy")]
+pub struct Config {
+    /// Trust domain of issued SPIFFE IDs.
+    #[arg(long, env = env::TRUST_DOMAIN, default_value = DEFAULT_TRUST_DOMAIN)]
+    pub trust_domain: String,
+    /// PEM file of trust anchors (one or more roots).
+    #[arg(long, env = env::TRUST_ANCHORS)]
+    pub trust_anchors: PathBuf,
+    /// PEM file of the issuer certificate (optionally followed by further intermediates).
+    #[arg(long, env = env::ISSUER_CERT)]
+    pub issuer_cert: PathBuf,
+    /// PEM file of the issuer private key.
+    #[arg(long, env = env::ISSUER_KEY)]
+    pub issuer_key: PathBuf,
+    /// Lifetime of workload certificates.
+    #[arg(long, env = env::CERT_LIFETIME, default_value = "24h", value_parser = parse_duration)]
+    #[serde(serialize_with = "ser_duration")]
+    pub cert_lifetime: Duration,
+    /// How far workload certificates' notBefore is backdated, for clock skew.
+    #[arg(long, env = env::CLOCK_SKEW_ALLOWANCE, default_value = "20s", value_parser = parse_duration)]
+    #[serde(serialize_with = "ser_duration")]
+    pub clock_skew_allowance: Duration,
+    /// Where cluster state comes from.
+    #[arg(long, env = env::BACKEND, value_enum, default_value = "local")]
+    pub backend: Backend,
+    /// Directory of Kubernetes objects as YAML (local backend).
+    #[arg(long, env = env::LOCAL_DIR)]
+    pub local_dir: Option<PathBuf>,
+    /// How often the local directory is checked for changes.
+    #[arg(long, env = env::LOCAL_POLL_INTERVAL, default_value = "1s", value_parser = parse_duration)]
+    #[serde(serialize_with = "ser_duration")]
+    pub local_poll_interval: Duration,
+    /// YAML file of node credentials, `nodes: {<node>: <token>}` (local backend).
+    #[arg(long, env = env::NODE_TOKENS)]
+    pub node_tokens: Option<PathBuf>,
+    /// Listen address of the identity service (gRPC).
+    #[arg(long, env = env::IDENTITY_ADDR, default_value = "0.0.0.0:8080")]
+    pub identity_addr: SocketAddr,
+    /// Listen address of the admin server (/metrics, /ready, /live).
+    #[arg(long, env = env::ADMIN_ADDR, default_value = "0.0.0.0:9990")]
+    pub admin_addr: SocketAddr,
+    /// Log filter, e.g. `info` or `ambit_control=debug`.
+    #[arg(long, env = env::LOG, default_value = "info")]
+    pub log: String,
+}
+
+fn ser_duration<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&ambit_api::duration::format_duration(*d))
+}
+
+impl Config {
+    /// Checks the values together; returns every problem found, each naming its flag.
+    pub fn validate(&self) -> Result<(), Vec<String>> {
+        let mut errors = Vec::new();
+        if let Err(e) = ambit_api::WorkloadIdentity::new(&self.trust_domain, "ns", "sa") {
+            errors.push(format!("--trust-domain: {e}"));
+        }
+        if self.cert_lifetime < MIN_CERT_LIFETIME {
+            errors.push(format!(
+                "--cert-lifetime: {} is too short; use at least 1m (default 24h)",
+                ambit_api::duration::format_duration(self.cert_lifetime)
+            ));
+        }
+        if self.clock_skew_allowance >= self.cert_lifetime {
+            errors.push("--clock-skew-allowance: must be shorter than --cert-lifetime".into());
+        }
+        if self.local_poll_interval.is_zero() {
+            errors.push("--local-poll-interval: must be more than 0".into());
+        }
+        match self.backend {
+            Backend::Local => {
+                match &self.local_dir {
+                    None => errors.push("--local-dir: required with --backend local".into()),
+                    Some(d) if !d.is_dir() => errors.push(format!(
+                        "--local-dir: {} is not a directory",
+                        d.display()
+                    )),
+                    Some(_) => {}
+                }
+                if self.node_tokens.is_none() {
+                    errors.push("--node-tokens: required with --backend local (node credentials)".into());
+                }
+            }
+        }
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(errors)
+        }
+    }
+}

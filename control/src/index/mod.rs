@@ -1,0 +1,259 @@
+//! The control plane's in-memory model of the cluster.
+//!
+//! Backends (the local YAML directory today, the Kubernetes API later) turn what they read
+//! into [`KubeObject`]s and apply them here; the identity, discovery and policy services
+//! read the index. The index holds domain types only — no client or transport types — so
+//! it is tested by applying objects synchronously.
+
+mod convert;
+mod model;
+
+pub use convert::{ConvertError, KubeObject, ObjectRef};
+pub use model::{EndpointInfo, PodInfo, ServiceInfo, ServicePort};
+
+use ambit_api::WorkloadIdentity;
+use std::collections::BTreeMap;
+use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard};
+use tokio::sync::watch;
+
+/// Namespace or pod annotation that opts into (`enabled`) or out of (`disabled`) the mesh.
+pub const MESH_ANNOTATION: &str = "ambit.dev/mesh";
+
+/// The cluster as the control plane sees it.
+#[derive(Clone, Debug, Default)]
+pub struct ClusterIndex {
+    trust_domain: String,
+    /// Namespace name → whether its annotation meshes its pods by default.
+    namespaces: BTreeMap<String, bool>,
+    pods: BTreeMap<(String, String), PodInfo>,
+    service_accounts: BTreeMap<(String, String), ()>,
+    services: BTreeMap<(String, String), ServiceInfo>,
+    /// EndpointSlice (namespace, name) → (service name, endpoints).
+    endpoint_slices: BTreeMap<(String, String), (String, Vec<EndpointInfo>)>,
+}
+
+/// A pod as the mesh sees it: where it runs, whether it is meshed, and its identity.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Workload {
+    /// The pod.
+    pub pod: PodInfo,
+    /// Whether the pod is in the mesh (namespace annotation, pod override, not hostNetwork).
+    pub meshed: bool,
+    /// The pod's identity (from its ServiceAccount).
+    pub identity: WorkloadIdentity,
+}
+
+impl ClusterIndex {
+    /// An empty index for a trust domain.
+    pub fn new(trust_domain: impl Into<String>) -> Self {
+        Self {
+            trust_domain: trust_domain.into(),
+            ..Self::default()
+        }
+    }
+
+    /// Builds an index from a complete set of objects, failing on the first invalid one
+    /// (with its position in `objects`).
+    pub fn from_objects(
+        trust_domain: &str,
+        objects: impl IntoIterator<Item = KubeObject>,
+    ) -> Result<Self, (usize, ConvertError)> {
+        let mut index = Self::new(trust_domain);
+        for (i, obj) in objects.into_iter().enumerate() {
+            index.apply(obj).map_err(|e| (i, e))?;
+        }
+        Ok(index)
+    }
+
+    /// Adds or replaces one object.
+    pub fn apply(&mut self, obj: KubeObject) -> Result<(), ConvertError> {
+        match obj {
+            KubeObject::Namespace(ns) => {
+                let (name, meshed) = convert::namespace(&ns)?;
+                self.namespaces.insert(name, meshed);
+            }
+            KubeObject::Pod(pod) => {
+                let pod = convert::pod(&pod, &self.trust_domain)?;
+                self.pods
+                    .insert((pod.namespace.clone(), pod.name.clone()), pod);
+            }
+            KubeObject::ServiceAccount(sa) => {
+                let key = convert::namespaced_name(&sa.metadata, "ServiceAccount")?;
+                self.service_accounts.insert(key, ());
+            }
+            KubeObject::Service(svc) => {
+                let svc = convert::service(&svc)?;
+                self.services
+                    .insert((svc.namespace.clone(), svc.name.clone()), svc);
+            }
+            KubeObject::EndpointSlice(slice) => {
+                let (key, service, endpoints) = convert::endpoint_slice(&slice)?;
+                self.endpoint_slices.insert(key, (service, endpoints));
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes one object; removing what is not there is not an error.
+    pub fn delete(&mut self, obj: &ObjectRef) {
+        let key = (obj.namespace.clone().unwrap_or_default(), obj.name.clone());
+        match obj.kind.as_str() {
+            "Namespace" => {
+                self.namespaces.remove(&obj.name);
+            }
+            "Pod" => {
+                self.pods.remove(&key);
+            }
+            "ServiceAccount" => {
+                self.service_accounts.remove(&key);
+            }
+            "Service" => {
+                self.services.remove(&key);
+            }
+            "EndpointSlice" => {
+                self.endpoint_slices.remove(&key);
+            }
+            _ => {}
+        }
+    }
+
+    /// The trust domain identities are issued in.
+    pub fn trust_domain(&self) -> &str {
+        &self.trust_domain
+    }
+
+    /// Whether `pod` is in the mesh. A pod annotation wins over its namespace's;
+    /// hostNetwork pods cannot be meshed (they share the node's network namespace).
+    pub fn is_meshed(&self, pod: &PodInfo) -> bool {
+        if pod.host_network {
+            return false;
+        }
+        match pod.mesh_annotation {
+            Some(enabled) => enabled,
+            None => self.namespaces.get(&pod.namespace).copied().unwrap_or(false),
+        }
+    }
+
+    /// Every pod scheduled on `node` that has not terminated, with its mesh status.
+    pub fn workloads_on_node(&self, node: &str) -> Vec<Workload> {
+        self.pods
+            .values()
+            .filter(|p| p.node_name.as_deref() == Some(node) && !p.is_terminated())
+            .map(|p| self.workload(p))
+            .collect()
+    }
+
+    /// The meshed pods on `node`.
+    pub fn meshed_workloads_on_node(&self, node: &str) -> Vec<Workload> {
+        let mut w = self.workloads_on_node(node);
+        w.retain(|w| w.meshed);
+        w
+    }
+
+    /// A pod by namespace and name.
+    pub fn workload_by_name(&self, namespace: &str, name: &str) -> Option<Workload> {
+        self.pods
+            .get(&(namespace.to_string(), name.to_string()))
+            .map(|p| self.workload(p))
+    }
+
+    /// Whether a non-terminated pod running as `namespace/service_account` is on `node`:
+    /// the CA's node-scoped authorization.
+    pub fn node_runs_service_account(
+        &self,
+        node: &str,
+        namespace: &str,
+        service_account: &str,
+    ) -> bool {
+        self.pods.values().any(|p| {
+            p.node_name.as_deref() == Some(node)
+                && p.namespace == namespace
+                && p.service_account == service_account
+                && !p.is_terminated()
+        })
+    }
+
+    /// Whether the ServiceAccount object exists.
+    pub fn has_service_account(&self, namespace: &str, name: &str) -> bool {
+        self.service_accounts
+            .contains_key(&(namespace.to_string(), name.to_string()))
+    }
+
+    /// A Service by namespace and name.
+    pub fn service(&self, namespace: &str, name: &str) -> Option<&ServiceInfo> {
+        self.services
+            .get(&(namespace.to_string(), name.to_string()))
+    }
+
+    /// The endpoints of a Service, gathered from all its EndpointSlices.
+    pub fn service_endpoints(&self, namespace: &str, service: &str) -> Vec<EndpointInfo> {
+        self.endpoint_slices
+            .iter()
+            .filter(|((ns, _), (svc, _))| ns == namespace && svc == service)
+            .flat_map(|(_, (_, eps))| eps.iter().cloned())
+            .collect()
+    }
+
+    /// Counts of indexed objects by kind, for metrics and logs.
+    pub fn counts(&self) -> [(&'static str, usize); 5] {
+        [
+            ("Namespace", self.namespaces.len()),
+            ("Pod", self.pods.len()),
+            ("ServiceAccount", self.service_accounts.len()),
+            ("Service", self.services.len()),
+            ("EndpointSlice", self.endpoint_slices.len()),
+        ]
+    }
+
+    fn workload(&self, pod: &PodInfo) -> Workload {
+        Workload {
+            meshed: self.is_meshed(pod),
+            identity: pod.identity.clone(),
+            pod: pod.clone(),
+        }
+    }
+}
+
+/// The index shared between a backend (writer) and the services (readers), with a
+/// generation number that changes on every update.
+#[derive(Clone, Debug)]
+pub struct SharedIndex {
+    inner: Arc<RwLock<ClusterIndex>>,
+    generation: watch::Sender<u64>,
+}
+
+impl SharedIndex {
+    /// Shares `index`.
+    pub fn new(index: ClusterIndex) -> Self {
+        Self {
+            inner: Arc::new(RwLock::new(index)),
+            generation: watch::Sender::new(0),
+        }
+    }
+
+    /// A read view. Hold it briefly: writers wait for it.
+    pub fn read(&self) -> RwLockReadGuard<'_, ClusterIndex> {
+        self.inner.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Replaces the whole index (a backend's full resync) and notifies watchers.
+    pub fn replace(&self, index: ClusterIndex) {
+        *self.inner.write().unwrap_or_else(PoisonError::into_inner) = index;
+        self.generation.send_modify(|g| *g += 1);
+    }
+
+    /// Applies a change and notifies watchers.
+    pub fn update<T>(&self, f: impl FnOnce(&mut ClusterIndex) -> T) -> T {
+        let out = f(&mut self.inner.write().unwrap_or_else(PoisonError::into_inner));
+        self.generation.send_modify(|g| *g += 1);
+        out
+    }
+
+    /// A receiver that sees every later update.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.generation.subscribe()
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,160 @@
+use super::*;
+
+fn objects(yaml: &str) -> Vec<KubeObject> {
+    let mut skipped = 0;
+    crate::local::parse_file(std::path::Path::new("test.yaml"), yaml, &mut skipped)
+        .unwrap()
+        .into_iter()
+        .map(|o| {
+            let mut obj = o.object;
+            obj.default_namespace("default");
+            obj
+        })
+        .collect()
+}
+
+const CLUSTER: &str = r#"
+apiVersion: v1
+kind: Namespace
+metadata: {name: shop, annotations: {ambit.dev/mesh: enabled}}
+---
+apiVersion: v1
+kind: Namespace
+metadata: {name: legacy}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: web-0, namespace: shop}
+spec: {nodeName: node-a, serviceAccountName: web, containers: []}
+status: {podIP: 10.1.0.5, phase: Running, conditions: [{type: Ready, status: "True"}]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: batch, namespace: shop, annotations: {ambit.dev/mesh: disabled}}
+spec: {nodeName: node-a, containers: []}
+status: {podIP: 10.1.0.6}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: old-app, namespace: legacy}
+spec: {nodeName: node-a, serviceAccountName: app, containers: []}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: pilot, namespace: legacy, annotations: {ambit.dev/mesh: enabled}}
+spec: {nodeName: node-b, serviceAccountName: pilot, containers: []}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: node-exporter, namespace: shop}
+spec: {nodeName: node-a, hostNetwork: true, containers: []}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: job-done, namespace: shop}
+spec: {nodeName: node-b, serviceAccountName: job, containers: []}
+status: {phase: Succeeded}
+"#;
+
+fn index() -> ClusterIndex {
+    ClusterIndex::from_objects("cluster.local", objects(CLUSTER)).unwrap()
+}
+
+fn names(ws: &[Workload]) -> Vec<String> {
+    let mut n: Vec<_> = ws.iter().map(|w| format!("{}/{}", w.pod.namespace, w.pod.name)).collect();
+    n.sort();
+    n
+}
+
+#[test]
+fn pods_on_a_node_and_which_are_meshed() {
+    let idx = index();
+    assert_eq!(
+        names(&idx.workloads_on_node("node-a")),
+        ["legacy/old-app", "shop/batch", "shop/node-exporter", "shop/web-0"]
+    );
+    // Namespace annotation meshes web-0; batch opts out; legacy is not meshed;
+    // hostNetwork pods cannot be.
+    assert_eq!(names(&idx.meshed_workloads_on_node("node-a")), ["shop/web-0"]);
+    // A pod annotation opts a single pod in; a finished pod is not on the node any more.
+    assert_eq!(names(&idx.meshed_workloads_on_node("node-b")), ["legacy/pilot"]);
+}
+
+#[test]
+fn identity_comes_from_the_service_account_with_default_fallback() {
+    let idx = index();
+    let web = idx.workload_by_name("shop", "web-0").unwrap();
+    assert_eq!(web.identity.to_string(), "spiffe://cluster.local/ns/shop/sa/web");
+    assert_eq!(web.pod.ips, ["10.1.0.5".parse::<std::net::IpAddr>().unwrap()]);
+    assert!(web.pod.ready);
+    let batch = idx.workload_by_name("shop", "batch").unwrap();
+    assert_eq!(batch.identity.to_string(), "spiffe://cluster.local/ns/shop/sa/default");
+}
+
+#[test]
+fn node_scoped_authorization_follows_scheduling() {
+    let mut idx = index();
+    assert!(idx.node_runs_service_account("node-a", "shop", "web"));
+    assert!(!idx.node_runs_service_account("node-b", "shop", "web"));
+    assert!(!idx.node_runs_service_account("node-a", "other", "web"));
+    // Terminated pods no longer entitle their node.
+    assert!(!idx.node_runs_service_account("node-b", "shop", "job"));
+    // Deleting the pod revokes the entitlement.
+    idx.delete(&ObjectRef { kind: "Pod".into(), namespace: Some("shop".into()), name: "web-0".into() });
+    assert!(!idx.node_runs_service_account("node-a", "shop", "web"));
+}
+
+#[test]
+fn applying_a_namespace_annotation_meshes_its_pods() {
+    let mut idx = index();
+    assert!(idx.meshed_workloads_on_node("node-a").iter().all(|w| w.pod.namespace != "legacy"));
+    for o in objects("apiVersion: v1\nkind: Namespace\nmetadata: {name: legacy, annotations: {ambit.dev/mesh: enabled}}\n") {
+        idx.apply(o).unwrap();
+    }
+    assert!(idx.meshed_workloads_on_node("node-a").iter().any(|w| w.pod.name == "old-app"));
+}
+
+#[test]
+fn invalid_mesh_annotation_and_pod_ip_name_the_field() {
+    let err = ClusterIndex::from_objects("cluster.local", objects(
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: p, annotations: {ambit.dev/mesh: enable}}\nspec: {containers: []}\n",
+    )).unwrap_err().1;
+    assert_eq!(err.object, "Pod default/p");
+    assert_eq!(err.field, "metadata.annotations[\"ambit.dev/mesh\"]");
+    assert!(err.message.contains("\"enabled\" or \"disabled\""), "{err}");
+
+    let err = ClusterIndex::from_objects("cluster.local", objects(
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec: {containers: []}\nstatus: {podIP: 10.0.0.300}\n",
+    )).unwrap_err().1;
+    assert_eq!(err.field, "status.podIP");
+}
+
+#[test]
+fn services_and_their_endpoints() {
+    let idx = ClusterIndex::from_objects("cluster.local", objects(r#"
+apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: shop}
+spec: {clusterIP: 10.96.0.10, ports: [{name: http, port: 80}]}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-abc, namespace: shop, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{name: http, port: 8080}]
+endpoints:
+- addresses: [10.1.0.5]
+  nodeName: node-a
+  targetRef: {kind: Pod, name: web-0}
+- addresses: [10.1.0.7]
+  conditions: {ready: false}
+"#)).unwrap();
+    let svc = idx.service("shop", "web").unwrap();
+    assert_eq!(svc.cluster_ips, ["10.96.0.10".parse::<std::net::IpAddr>().unwrap()]);
+    assert_eq!(svc.ports[0].port, 80);
+    let eps = idx.service_endpoints("shop", "web");
+    assert_eq!(eps.len(), 2);
+    assert_eq!(eps[0].pod, Some(("shop".into(), "web-0".into())));
+    assert!(eps[0].ready && !eps[1].ready);
+    assert_eq!(eps[0].ports, [(Some("http".into()), 8080)]);
+}

@@ -1,0 +1,193 @@
+//! Ambit control plane: the mesh CA, discovery and policy.
+//!
+//! # Layout
+//!
+//! - [`config`]: flags and environment variables, validated up front.
+//! - [`pki`]: trust bundle and issuer loading, CSR checking and signing; `ambit pki init`.
+//! - [`index`]: the in-memory model of the cluster (pods, namespaces, Services, ...),
+//!   fed by a backend.
+//! - [`local`]: the local backend (Kubernetes objects as YAML files in a directory) and
+//!   its node credentials.
+//! - [`identity`]: the identity gRPC service with node-scoped authorization.
+//! - [`admin`]: `/metrics`, `/ready`, `/live`.
+//!
+//! [`Control::build`] loads and checks everything; [`Control::serve`] takes
+//! already-bound listeners, so tests bind port 0.
+
+pub mod admin;
+pub mod config;
+pub mod identity;
+pub mod index;
+pub mod local;
+pub mod pki;
+
+use config::{Backend, Config};
+use identity::{IdentityMetrics, IdentityService, NodeAuthenticator};
+use index::SharedIndex;
+use local::{LocalError, LocalMetrics, NodeTokens};
+use pki::{CaConfig, CaFiles, CertificateAuthority};
+use prometheus_client::registry::Registry;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use tokio::net::TcpListener;
+
+/// Why the control plane cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// Invalid flags or environment.
+    #[error("invalid configuration:\n  {}", .0.join("\n  "))]
+    Config(Vec<String>),
+    /// The CA material is unusable.
+    #[error(transparent)]
+    Ca(#[from] pki::LoadError),
+    /// The local directory does not load.
+    #[error("local cluster state: {0}")]
+    Local(#[from] LocalError),
+    /// The node credentials do not load.
+    #[error("{0}")]
+    NodeTokens(String),
+    /// A server failed.
+    #[error("{what} server: {message}")]
+    Serve {
+        /// Which server.
+        what: &'static str,
+        /// What happened.
+        message: String,
+    },
+}
+
+/// A control plane that has loaded its CA and cluster state and is ready to serve.
+pub struct Control {
+    config: Config,
+    index: SharedIndex,
+    identity: IdentityService,
+    registry: Registry,
+    local_metrics: LocalMetrics,
+    loaded: local::Fingerprint,
+}
+
+impl std::fmt::Debug for Control {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Control").field("config", &self.config).finish_non_exhaustive()
+    }
+}
+
+/// The listeners the control plane serves on.
+#[derive(Debug)]
+pub struct Listeners {
+    /// Identity gRPC (:8080).
+    pub identity: TcpListener,
+    /// Admin HTTP (:9990).
+    pub admin: TcpListener,
+}
+
+impl Control {
+    /// Validates `config`, loads the CA and the cluster state. Fails with a message that
+    /// says what to fix.
+    pub fn build(config: Config) -> Result<Self, StartError> {
+        config.validate().map_err(StartError::Config)?;
+        let ca = CertificateAuthority::load(
+            &CaFiles {
+                trust_anchors: config.trust_anchors.clone(),
+                issuer_cert: config.issuer_cert.clone(),
+                issuer_key: config.issuer_key.clone(),
+            },
+            CaConfig {
+                trust_domain: config.trust_domain.clone(),
+                leaf_lifetime: config.cert_lifetime,
+                clock_skew_allowance: config.clock_skew_allowance,
+            },
+        )?;
+        let mut registry = Registry::default();
+        let local_metrics = LocalMetrics::register(&mut registry);
+        let identity_metrics = IdentityMetrics::register(&mut registry);
+
+        let (index, auth, loaded): (_, Arc<dyn NodeAuthenticator>, _) = match config.backend {
+            Backend::Local => {
+                let dir = config.local_dir.as_deref().unwrap_or(std::path::Path::new("."));
+                let loaded = local::fingerprint(dir);
+                let index = local::load_index(dir, &config.trust_domain)?;
+                local_metrics.record_success(&index);
+                let tokens_path = config.node_tokens.as_deref().unwrap_or(std::path::Path::new(""));
+                let tokens = NodeTokens::load(tokens_path).map_err(StartError::NodeTokens)?;
+                (SharedIndex::new(index), Arc::new(tokens), loaded)
+            }
+        };
+        let identity = IdentityService::new(Arc::new(ca), index.clone(), auth, identity_metrics);
+        Ok(Self {
+            config,
+            index,
+            identity,
+            registry,
+            local_metrics,
+            loaded,
+        })
+    }
+
+    /// The shared index, for tests and for the services added later.
+    pub fn index(&self) -> SharedIndex {
+        self.index.clone()
+    }
+
+    /// Serves until `shutdown` resolves, then drains and returns.
+    pub async fn serve(
+        self,
+        listeners: Listeners,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), StartError> {
+        let (drain_tx, drain_rx) = tokio::sync::watch::channel(false);
+        let drained = move || {
+            let mut rx = drain_rx.clone();
+            async move {
+                let _ = rx.wait_for(|d| *d).await;
+            }
+        };
+        tracing::info!(config = %serde_json::to_string(&self.config).unwrap_or_default(), "starting ambit-control");
+
+        let watcher = match self.config.backend {
+            Backend::Local => tokio::spawn(local::watch(
+                self.loaded,
+                self.config.local_dir.clone().unwrap_or_default(),
+                self.config.trust_domain.clone(),
+                self.index.clone(),
+                self.config.local_poll_interval,
+                self.local_metrics.clone(),
+                drained(),
+            )),
+        };
+
+        let ready = Arc::new(AtomicBool::new(false));
+        let admin = admin::router(Arc::new(self.registry), ready.clone());
+        let admin_shutdown = drained();
+        let admin_task = tokio::spawn(async move {
+            axum::serve(listeners.admin, admin)
+                .with_graceful_shutdown(admin_shutdown)
+                .await
+        });
+
+        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listeners.identity);
+        let grpc = tonic::transport::Server::builder()
+            .add_service(self.identity.into_server())
+            .serve_with_incoming_shutdown(incoming, drained());
+        ready.store(true, Ordering::Release);
+
+        let grpc_task = tokio::spawn(grpc);
+        shutdown.await;
+        tracing::info!("shutting down");
+        ready.store(false, Ordering::Release);
+        let _ = drain_tx.send(true);
+        let _ = watcher.await;
+        let serve_err = |what, message: String| StartError::Serve { what, message };
+        match grpc_task.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(serve_err("identity", e.to_string())),
+            Err(e) => return Err(serve_err("identity", e.to_string())),
+        }
+        match admin_task.await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(serve_err("admin", e.to_string())),
+            Err(e) => Err(serve_err("admin", e.to_string())),
+        }
+    }
+}

@@ -1,0 +1,40 @@
+//! `ambit-control`: parse the configuration, start the control plane, stop on SIGTERM.
+
+use ambit_control::config::Config;
+use ambit_control::{Control, Listeners};
+use anyhow::Context;
+use clap::Parser;
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let config = Config::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_new(&config.log).context("--log")?)
+        .init();
+    let listeners = Listeners {
+        identity: tokio::net::TcpListener::bind(config.identity_addr)
+            .await
+            .with_context(|| format!("binding the identity service to {}", config.identity_addr))?,
+        admin: tokio::net::TcpListener::bind(config.admin_addr)
+            .await
+            .with_context(|| format!("binding the admin server to {}", config.admin_addr))?,
+    };
+    let control = Control::build(config)?;
+    control.serve(listeners, shutdown_signal()).await?;
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot watch SIGTERM; stopping on Ctrl-C only");
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+}
