@@ -1,0 +1,100 @@
+//! The node proxy's side of the identity service: ask the CA for a certificate.
+
+use ambit_api::proto::identity::identity_client::IdentityClient;
+use ambit_api::proto::identity::{CertifyRequest, CertifyResponse};
+use ambit_api::WorkloadIdentity;
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+use tonic::transport::{Channel, Endpoint};
+
+/// Why the CA did not issue a certificate.
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum CaError {
+    /// The CA could not be reached or did not answer in time: retry later.
+    #[error("identity service unavailable: {0}")]
+    Unavailable(String),
+    /// The CA answered with a refusal (bad token, not on this node, bad CSR).
+    #[error("identity service refused ({code}): {message}")]
+    Refused {
+        /// The gRPC code name.
+        code: String,
+        /// The CA's message.
+        message: String,
+    },
+    /// The CA's answer is not a usable certificate for the identity we asked for.
+    #[error("identity service answer unusable: {0}")]
+    BadResponse(String),
+}
+
+/// Something that signs CSRs for workload identities: the control plane over gRPC, or an
+/// in-process CA in tests.
+pub trait CaClient: Send + Sync + 'static {
+    /// Asks for a certificate for `id` with the public key of `csr_der`.
+    fn certify(
+        &self,
+        id: &WorkloadIdentity,
+        csr_der: Vec<u8>,
+    ) -> Pin<Box<dyn Future<Output = Result<CertifyResponse, CaError>> + Send + 'static>>;
+}
+
+/// The control plane's identity service, reached over gRPC with the node's token.
+#[derive(Clone, Debug)]
+pub struct GrpcCaClient {
+    client: IdentityClient<Channel>,
+    token: String,
+}
+
+impl GrpcCaClient {
+    /// A client for the identity service at `endpoint` (e.g. `http://ambit-identity:8080`).
+    /// Connects lazily, so the proxy starts while the control plane is still away.
+    pub fn new(endpoint: &str, token: String, timeout: Duration) -> Result<Self, CaError> {
+        let channel = Endpoint::from_shared(endpoint.to_string())
+            .map_err(|e| CaError::Unavailable(format!("invalid identity address {endpoint:?}: {e}")))?
+            .connect_timeout(timeout)
+            .timeout(timeout)
+            .connect_lazy();
+        Ok(Self {
+            client: IdentityClient::new(channel),
+            token,
+        })
+    }
+}
+
+impl CaClient for GrpcCaClient {
+    fn certify(
+        &self,
+        id: &WorkloadIdentity,
+        csr_der: Vec<u8>,
+    ) -> Pin<Box<dyn Future<Output = Result<CertifyResponse, CaError>> + Send + 'static>> {
+        let mut client = self.client.clone();
+        let mut req = tonic::Request::new(CertifyRequest {
+            namespace: id.namespace().to_string(),
+            service_account: id.service_account().to_string(),
+            csr_der,
+        });
+        let header = format!("Bearer {}", self.token).parse();
+        Box::pin(async move {
+            let header = header.map_err(|_| CaError::Refused {
+                code: "InvalidToken".into(),
+                message: "the node token has characters not allowed in a header".into(),
+            })?;
+            req.metadata_mut().insert("authorization", header);
+            client
+                .certify(req)
+                .await
+                .map(tonic::Response::into_inner)
+                .map_err(|s| match s.code() {
+                    tonic::Code::Unavailable
+                    | tonic::Code::DeadlineExceeded
+                    | tonic::Code::Cancelled
+                    | tonic::Code::Unknown
+                    | tonic::Code::ResourceExhausted => CaError::Unavailable(s.message().to_string()),
+                    code => CaError::Refused {
+                        code: format!("{code:?}"),
+                        message: s.message().to_string(),
+                    },
+                })
+        })
+    }
+}

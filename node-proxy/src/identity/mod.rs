@@ -1,0 +1,327 @@
+//! The identity manager: one key and certificate per workload identity on this node.
+//!
+//! When the first pod of an identity appears, the manager generates an ECDSA P-256 key
+//! (it never leaves this process), asks the CA for a certificate, and from then on renews
+//! it at 70 % of its lifetime (less a random jitter, so that a node's identities and a
+//! cluster's nodes do not all renew at once). While the CA is unreachable it retries with
+//! exponential backoff and keeps serving the current certificate until it expires. When
+//! the last pod of an identity leaves, its key and certificate are dropped.
+
+mod ca;
+mod certificate;
+mod metrics;
+
+pub use ca::{CaClient, CaError, GrpcCaClient};
+pub use certificate::WorkloadCertificate;
+pub use metrics::IdentityMetrics;
+
+use ambit_api::WorkloadIdentity;
+use metrics::IdentityLabels;
+use rcgen::{CertificateParams, DistinguishedName, KeyPair, PKCS_ECDSA_P256_SHA256};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// When and how the manager renews and retries.
+#[derive(Clone, Debug)]
+pub struct IdentityConfig {
+    /// Fraction of the lifetime at which a certificate is renewed (0.7).
+    pub renew_fraction: f64,
+    /// Up to this fraction of the lifetime is taken off the renewal time at random (0.05).
+    pub renew_jitter_fraction: f64,
+    /// First retry delay after a failure.
+    pub backoff_initial: Duration,
+    /// Longest retry delay.
+    pub backoff_max: Duration,
+}
+
+impl Default for IdentityConfig {
+    fn default() -> Self {
+        Self {
+            renew_fraction: 0.7,
+            renew_jitter_fraction: 0.05,
+            backoff_initial: Duration::from_secs(1),
+            backoff_max: Duration::from_secs(60),
+        }
+    }
+}
+
+/// The state of one identity, as `/config_dump` and `/ready` show it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IdentityStatus {
+    /// The identity.
+    pub identity: WorkloadIdentity,
+    /// Pods on this node running as it.
+    pub pods: Vec<String>,
+    /// notAfter of the usable certificate, if there is one.
+    pub not_after: Option<SystemTime>,
+}
+
+type CertSlot = watch::Sender<Option<Arc<WorkloadCertificate>>>;
+
+struct Entry {
+    pods: BTreeSet<String>,
+    slot: CertSlot,
+    task: JoinHandle<()>,
+}
+
+struct Inner {
+    ca: Arc<dyn CaClient>,
+    config: IdentityConfig,
+    metrics: IdentityMetrics,
+    entries: Mutex<BTreeMap<WorkloadIdentity, Entry>>,
+    pods: Mutex<BTreeMap<String, WorkloadIdentity>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        let entries = self.entries.get_mut().unwrap_or_else(PoisonError::into_inner);
+        for e in entries.values() {
+            e.task.abort();
+        }
+    }
+}
+
+/// Keys and certificates of the workload identities on this node.
+#[derive(Clone)]
+pub struct IdentityManager {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for IdentityManager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IdentityManager")
+            .field("identities", &self.status())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Asked for an identity no pod on this node has.
+#[derive(Debug, thiserror::Error)]
+#[error("no pod on this node runs as {0}")]
+pub struct NotManaged(pub WorkloadIdentity);
+
+impl IdentityManager {
+    /// A manager that obtains certificates from `ca`. Must be created inside a tokio runtime.
+    pub fn new(ca: Arc<dyn CaClient>, config: IdentityConfig, metrics: IdentityMetrics) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                ca,
+                config,
+                metrics,
+                entries: Mutex::default(),
+                pods: Mutex::default(),
+            }),
+        }
+    }
+
+    /// A pod running as `identity` is on the node: start fetching its certificate if it is
+    /// the identity's first pod. Adding the same pod again changes nothing.
+    pub fn pod_added(&self, pod: &str, identity: &WorkloadIdentity) {
+        let previous = lock(&self.inner.pods).insert(pod.to_string(), identity.clone());
+        if let Some(prev) = previous.filter(|p| p != identity) {
+            self.release(pod, &prev);
+        }
+        let mut entries = lock(&self.inner.entries);
+        if let Some(e) = entries.get_mut(identity) {
+            e.pods.insert(pod.to_string());
+            return;
+        }
+        let (slot, _) = watch::channel(None);
+        let task = tokio::spawn(run(
+            identity.clone(),
+            self.inner.ca.clone(),
+            self.inner.config.clone(),
+            self.inner.metrics.clone(),
+            slot.clone(),
+        ));
+        tracing::info!(%identity, "new identity on this node; fetching its certificate");
+        entries.insert(
+            identity.clone(),
+            Entry {
+                pods: BTreeSet::from([pod.to_string()]),
+                slot,
+                task,
+            },
+        );
+    }
+
+    /// A pod left the node; when it was its identity's last, the key is dropped.
+    pub fn pod_removed(&self, pod: &str) {
+        let removed = lock(&self.inner.pods).remove(pod);
+        if let Some(identity) = removed {
+            self.release(pod, &identity);
+        }
+    }
+
+    fn release(&self, pod: &str, identity: &WorkloadIdentity) {
+        let mut entries = lock(&self.inner.entries);
+        let Some(e) = entries.get_mut(identity) else {
+            return;
+        };
+        e.pods.remove(pod);
+        if e.pods.is_empty() {
+            if let Some(e) = entries.remove(identity) {
+                e.task.abort();
+            }
+            self.inner.metrics.remove(&IdentityLabels::new(identity));
+            tracing::info!(%identity, "last pod of identity left; key and certificate dropped");
+        }
+    }
+
+    /// The identity's certificate, if it has one that has not expired.
+    pub fn current(&self, identity: &WorkloadIdentity) -> Option<Arc<WorkloadCertificate>> {
+        let entries = lock(&self.inner.entries);
+        let cert = entries.get(identity)?.slot.borrow().clone()?;
+        (!cert.is_expired()).then_some(cert)
+    }
+
+    /// Waits for the identity's first certificate.
+    pub async fn ready(
+        &self,
+        identity: &WorkloadIdentity,
+    ) -> Result<Arc<WorkloadCertificate>, NotManaged> {
+        loop {
+            let mut rx = {
+                let entries = lock(&self.inner.entries);
+                let e = entries
+                    .get(identity)
+                    .ok_or_else(|| NotManaged(identity.clone()))?;
+                e.slot.subscribe()
+            };
+            let got = rx
+                .wait_for(|c| c.as_ref().is_some_and(|c| !c.is_expired()))
+                .await
+                .map(|c| c.clone());
+            match got {
+                Ok(Some(cert)) => return Ok(cert),
+                // The identity was dropped while we waited; look again.
+                _ => continue,
+            }
+        }
+    }
+
+    /// Whether every identity on the node has a usable certificate.
+    pub fn all_ready(&self) -> bool {
+        self.status().iter().all(|s| s.not_after.is_some())
+    }
+
+    /// Every identity on the node with its pods and certificate expiry.
+    pub fn status(&self) -> Vec<IdentityStatus> {
+        let entries = lock(&self.inner.entries);
+        entries
+            .iter()
+            .map(|(id, e)| IdentityStatus {
+                identity: id.clone(),
+                pods: e.pods.iter().cloned().collect(),
+                not_after: e
+                    .slot
+                    .borrow()
+                    .as_ref()
+                    .filter(|c| !c.is_expired())
+                    .map(|c| c.not_after()),
+            })
+            .collect()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Generates the identity's key, then obtains and renews its certificate until aborted.
+async fn run(
+    identity: WorkloadIdentity,
+    ca: Arc<dyn CaClient>,
+    config: IdentityConfig,
+    metrics: IdentityMetrics,
+    slot: CertSlot,
+) {
+    let labels = IdentityLabels::new(&identity);
+    let key = match KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256) {
+        Ok(k) => k,
+        Err(error) => {
+            tracing::error!(%identity, %error, "cannot generate a key; the identity stays without a certificate");
+            return;
+        }
+    };
+    let mut backoff = config.backoff_initial;
+    loop {
+        match fetch(&identity, &key, ca.as_ref()).await {
+            Ok(cert) => {
+                metrics.refreshes.get_or_create(&labels).inc();
+                let not_after = cert.not_after();
+                metrics
+                    .expiration
+                    .get_or_create(&labels)
+                    .set(unix_seconds(not_after));
+                let jitter = jitter(&cert, config.renew_jitter_fraction);
+                let refresh_at = cert.refresh_at(config.renew_fraction, jitter);
+                tracing::info!(%identity, not_after = unix_seconds(not_after), "workload certificate obtained");
+                slot.send_replace(Some(Arc::new(cert)));
+                backoff = config.backoff_initial;
+                tokio::time::sleep_until(refresh_at).await;
+            }
+            Err(error) => {
+                metrics.failures.get_or_create(&labels).inc();
+                let current = slot.borrow().clone();
+                match &current {
+                    Some(c) if !c.is_expired() => tracing::warn!(%identity, %error, retry_in = ?backoff, "certificate renewal failed; the current certificate stays in use until it expires"),
+                    Some(_) => {
+                        tracing::error!(%identity, %error, retry_in = ?backoff, "certificate expired and renewal failed; connections for this identity fail until the CA answers");
+                        slot.send_replace(None);
+                    }
+                    None => tracing::warn!(%identity, %error, retry_in = ?backoff, "cannot obtain a certificate yet"),
+                }
+                // Full backoff plus up to 10 % more, so that nodes do not retry in lockstep.
+                let delay = backoff + backoff.mul_f64(fastrand::f64() * 0.1);
+                let sleep = tokio::time::sleep(delay);
+                // Wake at expiry too, to withdraw an expired certificate promptly.
+                match current.filter(|c| !c.is_expired()) {
+                    Some(c) => {
+                        tokio::select! {
+                            _ = sleep => {}
+                            _ = tokio::time::sleep_until(c.expires_at()) => {}
+                        }
+                    }
+                    None => sleep.await,
+                }
+                backoff = (backoff * 2).min(config.backoff_max);
+            }
+        }
+    }
+}
+
+async fn fetch(
+    identity: &WorkloadIdentity,
+    key: &KeyPair,
+    ca: &dyn CaClient,
+) -> Result<WorkloadCertificate, CaError> {
+    // The CA decides every name in the certificate; the CSR only carries the key.
+    let mut params = CertificateParams::default();
+    params.distinguished_name = DistinguishedName::new();
+    let csr = params
+        .serialize_request(key)
+        .map_err(|e| CaError::BadResponse(format!("creating the CSR: {e}")))?;
+    let resp = ca.certify(identity, csr.der().to_vec()).await?;
+    WorkloadCertificate::from_response(identity, key, resp)
+}
+
+fn jitter(cert: &WorkloadCertificate, fraction: f64) -> Duration {
+    let lifetime = cert
+        .not_after()
+        .duration_since(cert.not_before())
+        .unwrap_or_default();
+    lifetime.mul_f64(fraction * fastrand::f64())
+}
+
+fn unix_seconds(t: SystemTime) -> i64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,153 @@
+use super::*;
+use crate::testing::TestCa;
+use prometheus_client::registry::Registry;
+use std::sync::atomic::Ordering;
+use tokio::time::{sleep, Instant};
+
+const LIFETIME: Duration = Duration::from_secs(1000);
+/// The test CA backdates notBefore by 20 s, so the certificate's whole life is 1020 s.
+const WHOLE: f64 = 1020.0;
+
+fn manager(ca: &Arc<TestCa>, config: IdentityConfig) -> (IdentityManager, Registry) {
+    *ca.lifetime.lock().unwrap() = LIFETIME;
+    let mut registry = Registry::default();
+    let metrics = IdentityMetrics::register(&mut registry);
+    (IdentityManager::new(ca.clone(), config, metrics), registry)
+}
+
+fn no_jitter() -> IdentityConfig {
+    IdentityConfig { renew_jitter_fraction: 0.0, ..IdentityConfig::default() }
+}
+
+fn metrics_text(r: &Registry) -> String {
+    let mut s = String::new();
+    prometheus_client::encoding::text::encode(&mut s, r).unwrap();
+    s
+}
+
+fn secs(s: f64) -> Duration {
+    Duration::from_secs_f64(s)
+}
+
+#[tokio::test(start_paused = true)]
+async fn fetches_ahead_once_per_identity_and_serves_it() {
+    let ca = TestCa::new("cluster.local");
+    let (m, registry) = manager(&ca, IdentityConfig::default());
+    let web = ca.identity("shop", "web");
+    m.pod_added("shop/web-0", &web);
+    m.pod_added("shop/web-1", &web);
+    m.pod_added("shop/web-1", &web); // idempotent
+    let cert = m.ready(&web).await.unwrap();
+    assert_eq!(cert.identity(), &web);
+    assert_eq!(ca.issued.load(Ordering::SeqCst), 1, "one key and certificate per identity");
+    assert!(m.all_ready());
+    assert_eq!(m.status()[0].pods, ["shop/web-0", "shop/web-1"]);
+    let text = metrics_text(&registry);
+    let expiry = super::unix_seconds(cert.not_after());
+    assert!(text.contains(&format!(
+        "identity_cert_expiration_timestamp_seconds{{identity=\"spiffe://cluster.local/ns/shop/sa/web\"}} {expiry}"
+    )), "{text}");
+    assert!(text.contains("identity_cert_refresh_total{identity=\"spiffe://cluster.local/ns/shop/sa/web\"} 1"), "{text}");
+    let other = ca.identity("shop", "db");
+    assert!(m.ready(&other).await.is_err(), "an identity with no pod here is not served");
+}
+
+#[tokio::test(start_paused = true)]
+async fn renews_at_seventy_percent_of_the_lifetime_with_jitter_before_it() {
+    let ca = TestCa::new("cluster.local");
+    let (m, _) = manager(&ca, IdentityConfig::default());
+    let web = ca.identity("shop", "web");
+    m.pod_added("shop/web-0", &web);
+    let first = m.ready(&web).await.unwrap();
+    let start = Instant::now();
+    // The certificate arrived 20 s into its life; jitter takes at most 5 % off 70 %.
+    sleep(secs(WHOLE * 0.65 - 20.0 - 1.0)).await;
+    assert_eq!(ca.issued.load(Ordering::SeqCst), 1, "renewed before 65 % of the lifetime");
+    sleep_until_secs(start, WHOLE * 0.70 - 20.0 + 1.0).await;
+    assert_eq!(ca.issued.load(Ordering::SeqCst), 2, "not renewed by 70 % of the lifetime");
+    let second = m.current(&web).unwrap();
+    assert!(!Arc::ptr_eq(&first, &second), "the renewed certificate is served");
+}
+
+async fn sleep_until_secs(start: Instant, s: f64) {
+    tokio::time::sleep_until(start + secs(s)).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn backs_off_while_the_ca_is_down_and_keeps_the_certificate_until_it_expires() {
+    let ca = TestCa::new("cluster.local");
+    let (m, registry) = manager(&ca, no_jitter());
+    let web = ca.identity("shop", "web");
+    m.pod_added("shop/web-0", &web);
+    m.ready(&web).await.unwrap();
+    let start = Instant::now();
+    ca.unavailable.store(true, Ordering::SeqCst);
+    let renew = WHOLE * 0.7 - 20.0; // exact without jitter
+    let calls = || ca.calls.load(Ordering::SeqCst);
+
+    // notBefore is whole seconds, so the renewal falls up to 1 s before `renew`: find it.
+    sleep_until_secs(start, renew - 1.5).await;
+    assert_eq!(calls(), 1);
+    while calls() == 1 {
+        sleep(secs(0.01)).await;
+    }
+    let failed_at = Instant::now();
+    assert!(failed_at - start <= secs(renew + 0.02), "renewal attempted late");
+    // Retries after 1 s, then 2 s, then 4 s (each up to 10 % longer).
+    for (offset, want) in [(0.95, 2), (1.15, 3), (2.95, 3), (3.35, 4), (6.95, 4), (7.75, 5)] {
+        tokio::time::sleep_until(failed_at + secs(offset)).await;
+        assert_eq!(calls(), want, "at first failure + {offset} s");
+    }
+    assert!(m.current(&web).is_some(), "the current certificate stays in use during the outage");
+    assert!(m.all_ready());
+
+    // The delay grows to the 60 s cap and no further.
+    sleep_until_secs(start, renew + 200.0).await;
+    let before = calls();
+    sleep_until_secs(start, renew + 200.0 + 66.5).await;
+    assert!(calls() > before, "retries continue at most every 66 s");
+
+    // Past notAfter the certificate is withdrawn.
+    sleep_until_secs(start, WHOLE - 20.0 + 1.0).await;
+    assert!(m.current(&web).is_none(), "an expired certificate is not served");
+    assert!(!m.all_ready());
+    let text = metrics_text(&registry);
+    assert!(text.contains("identity_cert_refresh_failure_total{identity=\"spiffe://cluster.local/ns/shop/sa/web\"}"), "{text}");
+
+    // The CA comes back: the next retry (at most 66 s away) restores the identity.
+    ca.unavailable.store(false, Ordering::SeqCst);
+    sleep(secs(67.0)).await;
+    assert!(m.current(&web).is_some());
+    assert_eq!(ca.issued.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn drops_the_key_and_series_when_the_last_pod_leaves() {
+    let ca = TestCa::new("cluster.local");
+    let (m, registry) = manager(&ca, IdentityConfig::default());
+    let web = ca.identity("shop", "web");
+    m.pod_added("shop/web-0", &web);
+    m.pod_added("shop/web-1", &web);
+    m.ready(&web).await.unwrap();
+    m.pod_removed("shop/web-0");
+    assert!(m.current(&web).is_some(), "another pod still runs as web");
+    m.pod_removed("shop/web-1");
+    m.pod_removed("shop/web-1"); // idempotent
+    assert!(m.current(&web).is_none());
+    assert!(m.status().is_empty());
+    assert!(!metrics_text(&registry).contains("sa/web"), "series of a departed identity are dropped");
+    // Nothing renews a dropped identity.
+    sleep(secs(WHOLE)).await;
+    assert_eq!(ca.calls.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_pod_that_changes_identity_moves_between_entries() {
+    let ca = TestCa::new("cluster.local");
+    let (m, _) = manager(&ca, IdentityConfig::default());
+    let (web, admin) = (ca.identity("shop", "web"), ca.identity("shop", "admin"));
+    m.pod_added("shop/p", &web);
+    m.pod_added("shop/p", &admin);
+    let ids: Vec<_> = m.status().into_iter().map(|s| s.identity).collect();
+    assert_eq!(ids, [admin]);
+}

@@ -1,0 +1,17 @@
+//! Ambit node proxy: one proxy per node serving every meshed pod on it.
+//!
+//! # Layout
+//!
+//! - [`identity`]: one key and certificate per workload identity on the node, obtained
+//!   from the control plane's CA and renewed before expiry.
+//! - [`tls`]: the trust bundle and the rustls verifiers that check a peer's chain and its
+//!   SPIFFE ID.
+//!
+//! The data path (in-pod listeners, the mesh tunnel, L7) and the proxy binary come next;
+//! see the project README for what works today.
+
+pub mod identity;
+pub mod tls;
+
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
