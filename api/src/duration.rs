@@ -5,7 +5,11 @@ use std::time::Duration;
 
 /// Parses a duration; the error says what is accepted.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let bad = || format!("{s:?} is not a duration; use a number with a unit: ms, s, m, h or d (e.g. 24h, 90s)");
+    let bad = || {
+        format!(
+            "{s:?} is not a duration; use a number with a unit: ms, s, m, h or d (e.g. 24h, 90s)"
+        )
+    };
     let s = s.trim();
     if s.is_empty() {
         return Err(bad());
@@ -13,13 +17,17 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let mut total = Duration::ZERO;
     let mut rest = s;
     while !rest.is_empty() {
-        let digits = rest.find(|c: char| !c.is_ascii_digit()).unwrap_or(rest.len());
+        let digits = rest
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(rest.len());
         if digits == 0 {
             return Err(bad());
         }
         let n: u64 = rest[..digits].parse().map_err(|_| bad())?;
         rest = &rest[digits..];
-        let unit = rest.find(|c: char| c.is_ascii_digit()).unwrap_or(rest.len());
+        let unit = rest
+            .find(|c: char| c.is_ascii_digit())
+            .unwrap_or(rest.len());
         let part = match &rest[..unit] {
             "ms" => Duration::from_millis(n),
             "s" => Duration::from_secs(n),

@@ -38,8 +38,11 @@ impl WorkloadIdentity {
         namespace: impl Into<String>,
         service_account: impl Into<String>,
     ) -> Result<Self, IdentityError> {
-        let (trust_domain, namespace, service_account) =
-            (trust_domain.into(), namespace.into(), service_account.into());
+        let (trust_domain, namespace, service_account) = (
+            trust_domain.into(),
+            namespace.into(),
+            service_account.into(),
+        );
         if !is_trust_domain(&trust_domain) {
             return Err(IdentityError::TrustDomain(trust_domain));
         }

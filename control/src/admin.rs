@@ -36,7 +36,11 @@ async fn metrics(State(s): State<AdminState>) -> impl IntoResponse {
             body,
         )
             .into_response(),
-        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("encoding metrics: {e}\n")).into_response(),
+        Err(e) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("encoding metrics: {e}\n"),
+        )
+            .into_response(),
     }
 }
 

@@ -50,7 +50,11 @@ pub enum Backend {
 
 /// `ambit-control` configuration.
 #[derive(Clone, Debug, clap::Parser, serde::Serialize)]
-#[command(name = "ambit-control", version, about = "Ambit control plane: CA, discovery and policy")]
+#[command(
+    name = "ambit-control",
+    version,
+    about = "Ambit control plane: CA, discovery and policy"
+)]
 pub struct Config {
     /// Trust domain of issued SPIFFE IDs.
     #[arg(long, env = env::TRUST_DOMAIN, default_value = DEFAULT_TRUST_DOMAIN)]
@@ -123,14 +127,15 @@ impl Config {
             Backend::Local => {
                 match &self.local_dir {
                     None => errors.push("--local-dir: required with --backend local".into()),
-                    Some(d) if !d.is_dir() => errors.push(format!(
-                        "--local-dir: {} is not a directory",
-                        d.display()
-                    )),
+                    Some(d) if !d.is_dir() => {
+                        errors.push(format!("--local-dir: {} is not a directory", d.display()))
+                    }
                     Some(_) => {}
                 }
                 if self.node_tokens.is_none() {
-                    errors.push("--node-tokens: required with --backend local (node credentials)".into());
+                    errors.push(
+                        "--node-tokens: required with --backend local (node credentials)".into(),
+                    );
                 }
             }
         }

@@ -69,7 +69,9 @@ pub struct Control {
 
 impl std::fmt::Debug for Control {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Control").field("config", &self.config).finish_non_exhaustive()
+        f.debug_struct("Control")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
     }
 }
 
@@ -105,11 +107,17 @@ impl Control {
 
         let (index, auth, loaded): (_, Arc<dyn NodeAuthenticator>, _) = match config.backend {
             Backend::Local => {
-                let dir = config.local_dir.as_deref().unwrap_or(std::path::Path::new("."));
+                let dir = config
+                    .local_dir
+                    .as_deref()
+                    .unwrap_or(std::path::Path::new("."));
                 let loaded = local::fingerprint(dir);
                 let index = local::load_index(dir, &config.trust_domain)?;
                 local_metrics.record_success(&index);
-                let tokens_path = config.node_tokens.as_deref().unwrap_or(std::path::Path::new(""));
+                let tokens_path = config
+                    .node_tokens
+                    .as_deref()
+                    .unwrap_or(std::path::Path::new(""));
                 let tokens = NodeTokens::load(tokens_path).map_err(StartError::NodeTokens)?;
                 (SharedIndex::new(index), Arc::new(tokens), loaded)
             }

@@ -55,11 +55,17 @@ fn ca_params(cn: &str, bc: BasicConstraints) -> CertificateParams {
 impl TestCa {
     pub fn new(trust_domain: &str) -> Arc<Self> {
         let root_key = KeyPair::generate().unwrap();
-        let root_params = ca_params(&format!("root.{trust_domain}"), BasicConstraints::Unconstrained);
+        let root_params = ca_params(
+            &format!("root.{trust_domain}"),
+            BasicConstraints::Unconstrained,
+        );
         let root = root_params.self_signed(&root_key).unwrap();
         let root_issuer = Issuer::new(root_params, root_key);
         let issuer_key = KeyPair::generate().unwrap();
-        let issuer_params = ca_params(&format!("issuer.{trust_domain}"), BasicConstraints::Constrained(0));
+        let issuer_params = ca_params(
+            &format!("issuer.{trust_domain}"),
+            BasicConstraints::Constrained(0),
+        );
         let issuer_cert = issuer_params.signed_by(&issuer_key, &root_issuer).unwrap();
         Arc::new(Self {
             root_pem: root.pem(),
@@ -75,7 +81,8 @@ impl TestCa {
     }
 
     pub fn bundle(&self) -> crate::tls::TrustBundle {
-        crate::tls::TrustBundle::from_der(&[self.root_der.clone()], &self.trust_domain).unwrap()
+        crate::tls::TrustBundle::from_der(std::slice::from_ref(&self.root_der), &self.trust_domain)
+            .unwrap()
     }
 
     pub fn identity(&self, ns: &str, sa: &str) -> WorkloadIdentity {
@@ -84,14 +91,26 @@ impl TestCa {
 
     /// Signs an SVID for `uris` (normally exactly one SPIFFE ID) valid from `not_before`
     /// for `lifetime`, for the public key in `csr`.
-    pub fn sign(&self, csr_der: &[u8], uris: &[String], not_before: SystemTime, lifetime: Duration) -> Vec<u8> {
+    pub fn sign(
+        &self,
+        csr_der: &[u8],
+        uris: &[String],
+        not_before: SystemTime,
+        lifetime: Duration,
+    ) -> Vec<u8> {
         let mut csr = CertificateSigningRequestParams::from_der(&csr_der.to_vec().into()).unwrap();
         let p = &mut csr.params;
         p.distinguished_name = DistinguishedName::new();
-        p.subject_alt_names = uris.iter().map(|u| SanType::URI(u.clone().try_into().unwrap())).collect();
+        p.subject_alt_names = uris
+            .iter()
+            .map(|u| SanType::URI(u.clone().try_into().unwrap()))
+            .collect();
         p.is_ca = IsCa::ExplicitNoCa;
         p.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-        p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];
+        p.extended_key_usages = vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ];
         p.not_before = OffsetDateTime::from(not_before);
         p.not_after = OffsetDateTime::from(not_before + lifetime);
         csr.signed_by(&self.issuer).unwrap().der().to_vec()
@@ -99,15 +118,29 @@ impl TestCa {
 
     /// A fresh key and an SVID for `id`, as rustls wants them.
     pub fn certified_key(&self, id: &WorkloadIdentity) -> Arc<rustls::sign::CertifiedKey> {
-        self.certified_key_with(&[id.to_string()], SystemTime::now() - Duration::from_secs(20), Duration::from_secs(3600))
+        self.certified_key_with(
+            &[id.to_string()],
+            SystemTime::now() - Duration::from_secs(20),
+            Duration::from_secs(3600),
+        )
     }
 
-    pub fn certified_key_with(&self, uris: &[String], not_before: SystemTime, lifetime: Duration) -> Arc<rustls::sign::CertifiedKey> {
+    pub fn certified_key_with(
+        &self,
+        uris: &[String],
+        not_before: SystemTime,
+        lifetime: Duration,
+    ) -> Arc<rustls::sign::CertifiedKey> {
         let key = KeyPair::generate().unwrap();
-        let csr = CertificateParams::default().serialize_request(&key).unwrap();
+        let csr = CertificateParams::default()
+            .serialize_request(&key)
+            .unwrap();
         let leaf = self.sign(csr.der(), uris, not_before, lifetime);
         let key_der = rustls_pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into());
-        let signing = crate::tls::provider().key_provider.load_private_key(key_der).unwrap();
+        let signing = crate::tls::provider()
+            .key_provider
+            .load_private_key(key_der)
+            .unwrap();
         Arc::new(rustls::sign::CertifiedKey::new(
             vec![leaf.into(), self.issuer_der.clone()],
             signing,
@@ -128,7 +161,12 @@ impl CaClient for TestCa {
             self.issued.fetch_add(1, Ordering::SeqCst);
             let lifetime = *self.lifetime.lock().unwrap();
             let not_before = SystemTime::now() - Duration::from_secs(20);
-            let leaf = self.sign(&csr_der, &[id.to_string()], not_before, lifetime + Duration::from_secs(20));
+            let leaf = self.sign(
+                &csr_der,
+                &[id.to_string()],
+                not_before,
+                lifetime + Duration::from_secs(20),
+            );
             Ok(CertifyResponse {
                 leaf_der: leaf,
                 intermediates_der: vec![self.issuer_der.to_vec()],

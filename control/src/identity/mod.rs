@@ -50,7 +50,9 @@ pub struct IdentityService {
 
 impl std::fmt::Debug for IdentityService {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("IdentityService").field("ca", &self.ca).finish_non_exhaustive()
+        f.debug_struct("IdentityService")
+            .field("ca", &self.ca)
+            .finish_non_exhaustive()
     }
 }
 
@@ -97,8 +99,9 @@ impl IdentityService {
     async fn certify_inner(&self, req: Request<CertifyRequest>) -> Result<CertifyResponse, Status> {
         let node = self.node(&req).await?;
         let req = req.into_inner();
-        let id = WorkloadIdentity::new(self.ca.trust_domain(), &req.namespace, &req.service_account)
-            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let id =
+            WorkloadIdentity::new(self.ca.trust_domain(), &req.namespace, &req.service_account)
+                .map_err(|e| Status::invalid_argument(e.to_string()))?;
         let authorized = self.index.read().node_runs_service_account(
             &node,
             id.namespace(),

@@ -158,7 +158,11 @@ pub(super) fn pod(pod: &Pod, trust_domain: &str) -> Result<PodInfo, ConvertError
     let mut ips = Vec::new();
     if let Some(pod_ips) = status.and_then(|s| s.pod_ips.as_ref()) {
         for (i, ip) in pod_ips.iter().enumerate() {
-            ips.push(parse_ip(&ip.ip, &object, &format!("status.podIPs[{i}].ip"))?);
+            ips.push(parse_ip(
+                &ip.ip,
+                &object,
+                &format!("status.podIPs[{i}].ip"),
+            )?);
         }
     }
     if let Some(ip) = status.and_then(|s| s.pod_ip.as_deref()) {
@@ -181,7 +185,9 @@ pub(super) fn pod(pod: &Pod, trust_domain: &str) -> Result<PodInfo, ConvertError
 
     Ok(PodInfo {
         uid: pod.metadata.uid.clone(),
-        node_name: spec.and_then(|s| s.node_name.clone()).filter(|n| !n.is_empty()),
+        node_name: spec
+            .and_then(|s| s.node_name.clone())
+            .filter(|n| !n.is_empty()),
         ips,
         service_account,
         identity,
@@ -219,7 +225,12 @@ pub(super) fn service(svc: &Service) -> Result<ServiceInfo, ConvertError> {
         cluster_ips.push(parse_ip(ip, &object, &format!("spec.clusterIPs[{i}]"))?);
     }
     let mut ports = Vec::new();
-    for (i, p) in spec.and_then(|s| s.ports.as_ref()).into_iter().flatten().enumerate() {
+    for (i, p) in spec
+        .and_then(|s| s.ports.as_ref())
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
         ports.push(ServicePort {
             name: p.name.clone(),
             port: port(p.port, &object, &format!("spec.ports[{i}].port"))?,
@@ -257,7 +268,10 @@ pub(super) fn endpoint_slice(
     let mut ports = Vec::new();
     for (i, p) in slice.ports.iter().flatten().enumerate() {
         if let Some(n) = p.port {
-            ports.push((p.name.clone(), port(n, &object, &format!("ports[{i}].port"))?));
+            ports.push((
+                p.name.clone(),
+                port(n, &object, &format!("ports[{i}].port"))?,
+            ));
         }
     }
     let mut endpoints = Vec::new();

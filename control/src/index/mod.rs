@@ -130,7 +130,11 @@ impl ClusterIndex {
         }
         match pod.mesh_annotation {
             Some(enabled) => enabled,
-            None => self.namespaces.get(&pod.namespace).copied().unwrap_or(false),
+            None => self
+                .namespaces
+                .get(&pod.namespace)
+                .copied()
+                .unwrap_or(false),
         }
     }
 

@@ -61,7 +61,10 @@ fn index() -> ClusterIndex {
 }
 
 fn names(ws: &[Workload]) -> Vec<String> {
-    let mut n: Vec<_> = ws.iter().map(|w| format!("{}/{}", w.pod.namespace, w.pod.name)).collect();
+    let mut n: Vec<_> = ws
+        .iter()
+        .map(|w| format!("{}/{}", w.pod.namespace, w.pod.name))
+        .collect();
     n.sort();
     n
 }
@@ -71,24 +74,44 @@ fn pods_on_a_node_and_which_are_meshed() {
     let idx = index();
     assert_eq!(
         names(&idx.workloads_on_node("node-a")),
-        ["legacy/old-app", "shop/batch", "shop/node-exporter", "shop/web-0"]
+        [
+            "legacy/old-app",
+            "shop/batch",
+            "shop/node-exporter",
+            "shop/web-0"
+        ]
     );
     // Namespace annotation meshes web-0; batch opts out; legacy is not meshed;
     // hostNetwork pods cannot be.
-    assert_eq!(names(&idx.meshed_workloads_on_node("node-a")), ["shop/web-0"]);
+    assert_eq!(
+        names(&idx.meshed_workloads_on_node("node-a")),
+        ["shop/web-0"]
+    );
     // A pod annotation opts a single pod in; a finished pod is not on the node any more.
-    assert_eq!(names(&idx.meshed_workloads_on_node("node-b")), ["legacy/pilot"]);
+    assert_eq!(
+        names(&idx.meshed_workloads_on_node("node-b")),
+        ["legacy/pilot"]
+    );
 }
 
 #[test]
 fn identity_comes_from_the_service_account_with_default_fallback() {
     let idx = index();
     let web = idx.workload_by_name("shop", "web-0").unwrap();
-    assert_eq!(web.identity.to_string(), "spiffe://cluster.local/ns/shop/sa/web");
-    assert_eq!(web.pod.ips, ["10.1.0.5".parse::<std::net::IpAddr>().unwrap()]);
+    assert_eq!(
+        web.identity.to_string(),
+        "spiffe://cluster.local/ns/shop/sa/web"
+    );
+    assert_eq!(
+        web.pod.ips,
+        ["10.1.0.5".parse::<std::net::IpAddr>().unwrap()]
+    );
     assert!(web.pod.ready);
     let batch = idx.workload_by_name("shop", "batch").unwrap();
-    assert_eq!(batch.identity.to_string(), "spiffe://cluster.local/ns/shop/sa/default");
+    assert_eq!(
+        batch.identity.to_string(),
+        "spiffe://cluster.local/ns/shop/sa/default"
+    );
 }
 
 #[test]
@@ -100,18 +123,28 @@ fn node_scoped_authorization_follows_scheduling() {
     // Terminated pods no longer entitle their node.
     assert!(!idx.node_runs_service_account("node-b", "shop", "job"));
     // Deleting the pod revokes the entitlement.
-    idx.delete(&ObjectRef { kind: "Pod".into(), namespace: Some("shop".into()), name: "web-0".into() });
+    idx.delete(&ObjectRef {
+        kind: "Pod".into(),
+        namespace: Some("shop".into()),
+        name: "web-0".into(),
+    });
     assert!(!idx.node_runs_service_account("node-a", "shop", "web"));
 }
 
 #[test]
 fn applying_a_namespace_annotation_meshes_its_pods() {
     let mut idx = index();
-    assert!(idx.meshed_workloads_on_node("node-a").iter().all(|w| w.pod.namespace != "legacy"));
+    assert!(idx
+        .meshed_workloads_on_node("node-a")
+        .iter()
+        .all(|w| w.pod.namespace != "legacy"));
     for o in objects("apiVersion: v1\nkind: Namespace\nmetadata: {name: legacy, annotations: {ambit.dev/mesh: enabled}}\n") {
         idx.apply(o).unwrap();
     }
-    assert!(idx.meshed_workloads_on_node("node-a").iter().any(|w| w.pod.name == "old-app"));
+    assert!(idx
+        .meshed_workloads_on_node("node-a")
+        .iter()
+        .any(|w| w.pod.name == "old-app"));
 }
 
 #[test]
@@ -131,7 +164,10 @@ fn invalid_mesh_annotation_and_pod_ip_name_the_field() {
 
 #[test]
 fn services_and_their_endpoints() {
-    let idx = ClusterIndex::from_objects("cluster.local", objects(r#"
+    let idx = ClusterIndex::from_objects(
+        "cluster.local",
+        objects(
+            r#"
 apiVersion: v1
 kind: Service
 metadata: {name: web, namespace: shop}
@@ -148,9 +184,15 @@ endpoints:
   targetRef: {kind: Pod, name: web-0}
 - addresses: [10.1.0.7]
   conditions: {ready: false}
-"#)).unwrap();
+"#,
+        ),
+    )
+    .unwrap();
     let svc = idx.service("shop", "web").unwrap();
-    assert_eq!(svc.cluster_ips, ["10.96.0.10".parse::<std::net::IpAddr>().unwrap()]);
+    assert_eq!(
+        svc.cluster_ips,
+        ["10.96.0.10".parse::<std::net::IpAddr>().unwrap()]
+    );
     assert_eq!(svc.ports[0].port, 80);
     let eps = idx.service_endpoints("shop", "web");
     assert_eq!(eps.len(), 2);

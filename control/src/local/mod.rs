@@ -118,7 +118,10 @@ pub fn load_objects(dir: &Path) -> Result<(Vec<LoadedObject>, usize), LocalError
 /// Reads `dir` into a new index, validating every object.
 pub fn load_index(dir: &Path, trust_domain: &str) -> Result<ClusterIndex, LocalError> {
     let (objects, skipped) = load_objects(dir)?;
-    let places: Vec<_> = objects.iter().map(|o| (o.file.clone(), o.document)).collect();
+    let places: Vec<_> = objects
+        .iter()
+        .map(|o| (o.file.clone(), o.document))
+        .collect();
     let index = ClusterIndex::from_objects(trust_domain, objects.into_iter().map(|o| o.object))
         .map_err(|(i, e)| LocalError {
             file: places[i].0.clone(),

@@ -82,9 +82,8 @@ pub fn parse_file(
         if value.is_null() {
             continue; // an empty document, e.g. after a trailing `---`
         }
-        let json = serde_json::to_value(&value).map_err(|e| {
-            at(None, None, format!("not a Kubernetes object: {e}"))
-        })?;
+        let json = serde_json::to_value(&value)
+            .map_err(|e| at(None, None, format!("not a Kubernetes object: {e}")))?;
         parse_value(json, &mut out, skipped, &|o, f, m| at(o, f, m))?;
         for o in &mut out {
             o.file = file.to_path_buf();
@@ -105,7 +104,11 @@ fn parse_value(
     at: &At<'_>,
 ) -> Result<(), LocalError> {
     let Json::Object(map) = &json else {
-        return Err(at(None, None, "expected a mapping with apiVersion and kind".into()));
+        return Err(at(
+            None,
+            None,
+            "expected a mapping with apiVersion and kind".into(),
+        ));
     };
     let field = |name: &str| -> Result<String, LocalError> {
         match map.get(name) {
@@ -187,7 +190,11 @@ fn typed<T: DeserializeOwned + Serialize>(
 fn unknown_field(original: &Json, known: &Json, path: String) -> Option<String> {
     match (original, known) {
         (Json::Object(o), Json::Object(k)) => o.iter().find_map(|(key, v)| {
-            let p = if path.is_empty() { key.clone() } else { format!("{path}.{key}") };
+            let p = if path.is_empty() {
+                key.clone()
+            } else {
+                format!("{path}.{key}")
+            };
             match k.get(key) {
                 None if !v.is_null() => Some(p),
                 None => None,

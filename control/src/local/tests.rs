@@ -22,13 +22,14 @@ fn load_err(files: &[(&str, &str)]) -> LocalError {
 
 #[test]
 fn loads_multi_document_files_lists_and_subdirectories() {
-    let list = format!(
-        "apiVersion: v1\nkind: List\nitems:\n- apiVersion: v1\n  kind: ServiceAccount\n  metadata: {{name: web, namespace: shop}}\n"
-    );
+    let list = "apiVersion: v1\nkind: List\nitems:\n- apiVersion: v1\n  kind: ServiceAccount\n  metadata: {name: web, namespace: shop}\n";
     let d = dir_with(&[
         ("cluster.yaml", &format!("{NS}---\n{POD}---\n")),
-        ("more/sa.yml", &list),
-        ("deploy.yaml", "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: web}\nspec: {}\n"),
+        ("more/sa.yml", list),
+        (
+            "deploy.yaml",
+            "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: web}\nspec: {}\n",
+        ),
         (".hidden.yaml", "this is not yaml: ["),
         ("README.md", "not read"),
     ]);
@@ -43,7 +44,16 @@ fn loads_multi_document_files_lists_and_subdirectories() {
 #[test]
 fn misspelt_field_names_the_file_document_object_and_field() {
     let typo = POD.replace("nodeName", "nodeNmae");
-    let err = load_err(&[("a.yaml", NS), ("pods.yaml", &format!("{NS}---\n{typo}").replace("name: shop\n  annotations:\n    ambit.dev/mesh: enabled\n", "name: other\n"))]);
+    let err = load_err(&[
+        ("a.yaml", NS),
+        (
+            "pods.yaml",
+            &format!("{NS}---\n{typo}").replace(
+                "name: shop\n  annotations:\n    ambit.dev/mesh: enabled\n",
+                "name: other\n",
+            ),
+        ),
+    ]);
     assert!(err.file.ends_with("pods.yaml"), "{err}");
     assert_eq!(err.document, Some(2));
     assert_eq!(err.object.as_deref(), Some("Pod web-0"));
@@ -53,15 +63,25 @@ fn misspelt_field_names_the_file_document_object_and_field() {
 
 #[test]
 fn wrong_type_names_the_field() {
-    let bad = POD.replace("containers: [{name: app, image: nginx}]", "containers: [{name: app, image: nginx, ports: [{containerPort: eighty}]}]");
+    let bad = POD.replace(
+        "containers: [{name: app, image: nginx}]",
+        "containers: [{name: app, image: nginx, ports: [{containerPort: eighty}]}]",
+    );
     let err = load_err(&[("pods.yaml", &bad)]);
-    assert_eq!(err.field.as_deref(), Some("spec.containers[0].ports[0].containerPort"), "{err}");
+    assert_eq!(
+        err.field.as_deref(),
+        Some("spec.containers[0].ports[0].containerPort"),
+        "{err}"
+    );
     assert_eq!(err.document, Some(1));
 }
 
 #[test]
 fn yaml_syntax_error_names_the_file_and_document() {
-    let err = load_err(&[("ok.yaml", NS), ("broken.yaml", &format!("{POD}---\nkind: [unclosed\n"))]);
+    let err = load_err(&[
+        ("ok.yaml", NS),
+        ("broken.yaml", &format!("{POD}---\nkind: [unclosed\n")),
+    ]);
     assert!(err.file.ends_with("broken.yaml"));
     assert_eq!(err.document, Some(2));
     assert!(err.message.contains("not valid YAML"), "{err}");
@@ -111,16 +131,24 @@ async fn reloads_on_change_and_keeps_the_last_good_state_on_error() {
         index.clone(),
         Duration::from_millis(20),
         metrics,
-        async move { let _ = stop_rx.await; },
+        async move {
+            let _ = stop_rx.await;
+        },
     ));
     let mut rx = index.subscribe();
 
     fs::write(d.path().join("pod.yaml"), POD).unwrap();
     wait_for(&mut rx).await;
-    assert!(index.read().node_runs_service_account("node-a", "shop", "web"));
+    assert!(index
+        .read()
+        .node_runs_service_account("node-a", "shop", "web"));
 
     // A broken edit: the pod stays, the failure is counted.
-    fs::write(d.path().join("pod.yaml"), POD.replace("serviceAccountName", "serviceAcountName")).unwrap();
+    fs::write(
+        d.path().join("pod.yaml"),
+        POD.replace("serviceAccountName", "serviceAcountName"),
+    )
+    .unwrap();
     let mut text = String::new();
     for _ in 0..500 {
         text.clear();
@@ -130,33 +158,51 @@ async fn reloads_on_change_and_keeps_the_last_good_state_on_error() {
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert!(text.contains("local_reloads_total{result=\"failure\"} 1"), "{text}");
-    assert!(index.read().node_runs_service_account("node-a", "shop", "web"));
+    assert!(
+        text.contains("local_reloads_total{result=\"failure\"} 1"),
+        "{text}"
+    );
+    assert!(index
+        .read()
+        .node_runs_service_account("node-a", "shop", "web"));
 
     // Fixing it (moving the pod to another node) is picked up.
     fs::write(d.path().join("pod.yaml"), POD.replace("node-a", "node-b")).unwrap();
     wait_for(&mut rx).await;
-    assert!(index.read().node_runs_service_account("node-b", "shop", "web"));
-    assert!(!index.read().node_runs_service_account("node-a", "shop", "web"));
+    assert!(index
+        .read()
+        .node_runs_service_account("node-b", "shop", "web"));
+    assert!(!index
+        .read()
+        .node_runs_service_account("node-a", "shop", "web"));
 
     // Removing the file removes the pod.
     fs::remove_file(d.path().join("pod.yaml")).unwrap();
     wait_for(&mut rx).await;
-    assert!(!index.read().node_runs_service_account("node-b", "shop", "web"));
+    assert!(!index
+        .read()
+        .node_runs_service_account("node-b", "shop", "web"));
     stop_tx.send(()).unwrap();
     task.await.unwrap();
 }
 
 #[test]
 fn node_tokens_file_is_checked() {
-    let t = NodeTokens::parse("nodes:\n  node-a: aaaaaaaaaaaaaaaaaaaa\n  node-b: bbbbbbbbbbbbbbbbbbbb\n").unwrap();
+    let t = NodeTokens::parse(
+        "nodes:\n  node-a: aaaaaaaaaaaaaaaaaaaa\n  node-b: bbbbbbbbbbbbbbbbbbbb\n",
+    )
+    .unwrap();
     assert_eq!(t.node_for("aaaaaaaaaaaaaaaaaaaa"), Some("node-a"));
     assert_eq!(t.node_for("bbbbbbbbbbbbbbbbbbbb"), Some("node-b"));
     assert_eq!(t.node_for("cccccccccccccccccccc"), None);
     let err = NodeTokens::parse("nodes:\n  node-a: short\n").unwrap_err();
-    assert!(err.contains("nodes.node-a") && err.contains("shorter"), "{err}");
+    assert!(
+        err.contains("nodes.node-a") && err.contains("shorter"),
+        "{err}"
+    );
     let err = NodeTokens::parse("node:\n  node-a: aaaaaaaaaaaaaaaaaaaa\n").unwrap_err();
     assert!(err.contains("unknown field"), "{err}");
-    let err = NodeTokens::parse("nodes:\n  a: aaaaaaaaaaaaaaaaaaaa\n  b: aaaaaaaaaaaaaaaaaaaa\n").unwrap_err();
+    let err = NodeTokens::parse("nodes:\n  a: aaaaaaaaaaaaaaaaaaaa\n  b: aaaaaaaaaaaaaaaaaaaa\n")
+        .unwrap_err();
     assert!(err.contains("same token"), "{err}");
 }

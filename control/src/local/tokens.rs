@@ -60,7 +60,9 @@ impl NodeTokens {
                 ));
             }
             if let Some((other, _)) = digests.iter().find(|(_, d)| *d == digest(&token)) {
-                return Err(format!("nodes.{node}: same token as node {other}; each node needs its own"));
+                return Err(format!(
+                    "nodes.{node}: same token as node {other}; each node needs its own"
+                ));
             }
             digests.push((node, digest(&token)));
         }

@@ -296,16 +296,18 @@ fn verified_csr_key(der: &[u8]) -> Result<CsrPublicKey, CsrError> {
             .and_then(|p| p.as_oid().ok())
             .is_some_and(|curve| curve == OID_EC_P256);
     if !is_p256 {
-        return Err(CsrError::UnsupportedKey(spki.algorithm.algorithm.to_id_string()));
+        return Err(CsrError::UnsupportedKey(
+            spki.algorithm.algorithm.to_id_string(),
+        ));
     }
     csr.verify_signature().map_err(|_| CsrError::BadSignature)?;
     Ok(CsrPublicKey(spki.subject_public_key.data.to_vec()))
 }
 
 fn parse_cert<'a>(path: &Path, der: &'a [u8]) -> Result<X509Certificate<'a>, LoadError> {
-    X509Certificate::from_der(der)
-        .map(|(_, c)| c)
-        .map_err(|e| LoadError::Invalid(format!("{}: not an X.509 certificate: {e}", path.display())))
+    X509Certificate::from_der(der).map(|(_, c)| c).map_err(|e| {
+        LoadError::Invalid(format!("{}: not an X.509 certificate: {e}", path.display()))
+    })
 }
 
 /// Checks the issuer's validity window, CA flags and key; returns its notAfter.
@@ -353,13 +355,15 @@ fn check_chains_to_bundle(
     roots: &[CertificateDer<'static>],
 ) -> Result<(), LoadError> {
     for (i, root_der) in roots.iter().enumerate() {
-        let root = X509Certificate::from_der(root_der).map(|(_, c)| c).map_err(|e| {
-            LoadError::Invalid(format!(
-                "trust bundle {}: certificate #{} is not X.509: {e}",
-                files.trust_anchors.display(),
-                i + 1
-            ))
-        })?;
+        let root = X509Certificate::from_der(root_der)
+            .map(|(_, c)| c)
+            .map_err(|e| {
+                LoadError::Invalid(format!(
+                    "trust bundle {}: certificate #{} is not X.509: {e}",
+                    files.trust_anchors.display(),
+                    i + 1
+                ))
+            })?;
         if root.subject() == issuer.issuer()
             && issuer.verify_signature(Some(root.public_key())).is_ok()
         {

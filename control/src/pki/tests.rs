@@ -26,7 +26,12 @@ fn config() -> CaConfig {
 
 fn pki() -> (CaMaterial, CaMaterial) {
     let root = trust_anchor(TD, Validity::starting_now(generate::DEFAULT_ROOT_LIFETIME)).unwrap();
-    let iss = issuer(&root, TD, Validity::starting_now(generate::DEFAULT_ISSUER_LIFETIME)).unwrap();
+    let iss = issuer(
+        &root,
+        TD,
+        Validity::starting_now(generate::DEFAULT_ISSUER_LIFETIME),
+    )
+    .unwrap();
     (root, iss)
 }
 
@@ -81,16 +86,29 @@ fn leaf_carries_exactly_the_identity_the_ca_decides() {
     let leaf = cert(&issued.leaf_der);
 
     let san = leaf.subject_alternative_name().unwrap().unwrap();
-    let uris: Vec<_> = san.value.general_names.iter().filter_map(|n| match n {
-        GeneralName::URI(u) => Some(*u),
-        _ => None,
-    }).collect();
+    let uris: Vec<_> = san
+        .value
+        .general_names
+        .iter()
+        .filter_map(|n| match n {
+            GeneralName::URI(u) => Some(*u),
+            _ => None,
+        })
+        .collect();
     assert_eq!(uris, ["spiffe://cluster.local/ns/shop/sa/web"]);
-    let dns: Vec<_> = san.value.general_names.iter().filter_map(|n| match n {
-        GeneralName::DNSName(d) => Some(*d),
-        _ => None,
-    }).collect();
-    assert_eq!(dns, ["web.shop.serviceaccount.identity.ambit.cluster.local"]);
+    let dns: Vec<_> = san
+        .value
+        .general_names
+        .iter()
+        .filter_map(|n| match n {
+            GeneralName::DNSName(d) => Some(*d),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        dns,
+        ["web.shop.serviceaccount.identity.ambit.cluster.local"]
+    );
     assert_eq!(san.value.general_names.len(), 2);
 
     let bc = leaf.basic_constraints().unwrap().unwrap();
@@ -102,11 +120,21 @@ fn leaf_carries_exactly_the_identity_the_ca_decides() {
 
     let v = leaf.validity();
     let lifetime = v.not_after.timestamp() - v.not_before.timestamp();
-    assert_eq!(lifetime, (DEFAULT_LEAF_LIFETIME + DEFAULT_CLOCK_SKEW_ALLOWANCE).as_secs() as i64);
+    assert_eq!(
+        lifetime,
+        (DEFAULT_LEAF_LIFETIME + DEFAULT_CLOCK_SKEW_ALLOWANCE).as_secs() as i64
+    );
     let now = time::OffsetDateTime::now_utc().unix_timestamp();
-    assert!(v.not_before.timestamp() <= now - 19, "notBefore is backdated by the skew allowance");
+    assert!(
+        v.not_before.timestamp() <= now - 19,
+        "notBefore is backdated by the skew allowance"
+    );
     assert_eq!(unix_seconds(issued.not_after), v.not_after.timestamp());
-    assert_eq!(issued.intermediates_der.len(), 1, "the issuer comes with the leaf");
+    assert_eq!(
+        issued.intermediates_der.len(),
+        1,
+        "the issuer comes with the leaf"
+    );
 }
 
 #[test]
@@ -115,14 +143,21 @@ fn csr_asking_for_extra_names_and_ca_is_not_granted() {
     let ca = ca_from(&root.cert_pem, &iss).unwrap();
     let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).unwrap();
     let mut params = CertificateParams::new(vec!["evil.example.com".to_string()]).unwrap();
-    params.subject_alt_names.push(SanType::URI("spiffe://cluster.local/ns/kube-system/sa/admin".try_into().unwrap()));
+    params.subject_alt_names.push(SanType::URI(
+        "spiffe://cluster.local/ns/kube-system/sa/admin"
+            .try_into()
+            .unwrap(),
+    ));
     params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
     let issued = ca.certify(&web(), &csr(&params, &key)).unwrap();
     let leaf = cert(&issued.leaf_der);
     for ext in leaf.extensions() {
         if let ParsedExtension::SubjectAlternativeName(san) = ext.parsed_extension() {
             let names = format!("{:?}", san.general_names);
-            assert!(!names.contains("evil") && !names.contains("kube-system"), "{names}");
+            assert!(
+                !names.contains("evil") && !names.contains("kube-system"),
+                "{names}"
+            );
         }
     }
     assert!(!leaf.basic_constraints().unwrap().unwrap().value.ca);
@@ -132,15 +167,23 @@ fn csr_asking_for_extra_names_and_ca_is_not_granted() {
 fn malformed_tampered_and_foreign_key_csrs_are_refused() {
     let (root, iss) = pki();
     let ca = ca_from(&root.cert_pem, &iss).unwrap();
-    assert!(matches!(ca.certify(&web(), b"not a csr"), Err(CsrError::Malformed(_))));
+    assert!(matches!(
+        ca.certify(&web(), b"not a csr"),
+        Err(CsrError::Malformed(_))
+    ));
 
     let mut tampered = plain_csr();
     let last = tampered.len() - 1;
     tampered[last] ^= 0x01; // inside the signature
-    assert!(matches!(ca.certify(&web(), &tampered), Err(CsrError::BadSignature)));
+    assert!(matches!(
+        ca.certify(&web(), &tampered),
+        Err(CsrError::BadSignature)
+    ));
 
     let p384 = KeyPair::generate_for(&PKCS_ECDSA_P384_SHA384).unwrap();
-    let err = ca.certify(&web(), &csr(&CertificateParams::default(), &p384)).unwrap_err();
+    let err = ca
+        .certify(&web(), &csr(&CertificateParams::default(), &p384))
+        .unwrap_err();
     assert!(matches!(err, CsrError::UnsupportedKey(_)), "{err}");
 }
 
@@ -148,7 +191,10 @@ fn malformed_tampered_and_foreign_key_csrs_are_refused() {
 fn expired_issuer_is_refused_at_load() {
     let (root, _) = pki();
     let now = time::OffsetDateTime::now_utc();
-    let past = Validity { not_before: now - time::Duration::days(400), not_after: now - time::Duration::days(1) };
+    let past = Validity {
+        not_before: now - time::Duration::days(400),
+        not_after: now - time::Duration::days(1),
+    };
     let iss = issuer(&root, TD, past).unwrap();
     let err = ca_from(&root.cert_pem, &iss).unwrap_err();
     assert!(matches!(err, LoadError::IssuerExpired { .. }), "{err}");
@@ -158,8 +204,16 @@ fn expired_issuer_is_refused_at_load() {
 #[test]
 fn issuer_key_that_does_not_match_is_refused_at_load() {
     let (root, iss) = pki();
-    let other = issuer(&root, TD, Validity::starting_now(generate::DEFAULT_ISSUER_LIFETIME)).unwrap();
-    let mismatched = CaMaterial { cert_pem: iss.cert_pem, key_pem: other.key_pem };
+    let other = issuer(
+        &root,
+        TD,
+        Validity::starting_now(generate::DEFAULT_ISSUER_LIFETIME),
+    )
+    .unwrap();
+    let mismatched = CaMaterial {
+        cert_pem: iss.cert_pem,
+        key_pem: other.key_pem,
+    };
     let err = ca_from(&root.cert_pem, &mismatched).unwrap_err();
     assert!(matches!(err, LoadError::KeyMismatch { .. }), "{err}");
     assert!(err.to_string().contains("--issuer-key"), "{err}");
@@ -179,9 +233,14 @@ fn root_used_as_issuer_without_ca_rights_is_refused() {
     let (root, iss) = pki();
     let ca = ca_from(&root.cert_pem, &iss).unwrap();
     let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).unwrap();
-    let leaf = ca.certify(&web(), &csr(&CertificateParams::default(), &key)).unwrap();
+    let leaf = ca
+        .certify(&web(), &csr(&CertificateParams::default(), &key))
+        .unwrap();
     let leaf_pem = ::pem::encode(&::pem::Pem::new("CERTIFICATE", leaf.leaf_der));
-    let not_ca = CaMaterial { cert_pem: leaf_pem, key_pem: key.serialize_pem() };
+    let not_ca = CaMaterial {
+        cert_pem: leaf_pem,
+        key_pem: key.serialize_pem(),
+    };
     let err = ca_from(&root.cert_pem, &not_ca).unwrap_err();
     assert!(matches!(err, LoadError::NotCa { .. }), "{err}");
 }
@@ -201,7 +260,10 @@ fn bundle_with_two_roots_accepts_an_issuer_of_either() {
 fn empty_bundle_is_refused_with_the_file_named() {
     let (_, iss) = pki();
     let err = ca_from("", &iss).unwrap_err();
-    assert!(err.to_string().contains("/etc/ambit/trust-anchors.pem"), "{err}");
+    assert!(
+        err.to_string().contains("/etc/ambit/trust-anchors.pem"),
+        "{err}"
+    );
 }
 
 /// `openssl verify` accepts the chain for both TLS client and server purposes.
@@ -218,10 +280,24 @@ fn openssl_verifies_the_issued_chain() {
     for purpose in ["sslclient", "sslserver"] {
         let out = std::process::Command::new("openssl")
             .current_dir(dir.path())
-            .args(["verify", "-x509_strict", "-purpose", purpose, "-CAfile", "root.pem", "-untrusted", "issuer.pem", "leaf.pem"])
+            .args([
+                "verify",
+                "-x509_strict",
+                "-purpose",
+                purpose,
+                "-CAfile",
+                "root.pem",
+                "-untrusted",
+                "issuer.pem",
+                "leaf.pem",
+            ])
             .output()
             .expect("openssl must be installed (the test script installs it)");
-        assert!(out.status.success(), "{purpose}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{purpose}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "leaf.pem: OK");
     }
     // And it does not verify against an unrelated root.
@@ -229,7 +305,14 @@ fn openssl_verifies_the_issued_chain() {
     std::fs::write(dir.path().join("other.pem"), &other_root.cert_pem).unwrap();
     let out = std::process::Command::new("openssl")
         .current_dir(dir.path())
-        .args(["verify", "-CAfile", "other.pem", "-untrusted", "issuer.pem", "leaf.pem"])
+        .args([
+            "verify",
+            "-CAfile",
+            "other.pem",
+            "-untrusted",
+            "issuer.pem",
+            "leaf.pem",
+        ])
         .output()
         .unwrap();
     assert!(!out.status.success());

@@ -50,7 +50,9 @@ impl GrpcCaClient {
     /// Connects lazily, so the proxy starts while the control plane is still away.
     pub fn new(endpoint: &str, token: String, timeout: Duration) -> Result<Self, CaError> {
         let channel = Endpoint::from_shared(endpoint.to_string())
-            .map_err(|e| CaError::Unavailable(format!("invalid identity address {endpoint:?}: {e}")))?
+            .map_err(|e| {
+                CaError::Unavailable(format!("invalid identity address {endpoint:?}: {e}"))
+            })?
             .connect_timeout(timeout)
             .timeout(timeout)
             .connect_lazy();
@@ -89,7 +91,9 @@ impl CaClient for GrpcCaClient {
                     | tonic::Code::DeadlineExceeded
                     | tonic::Code::Cancelled
                     | tonic::Code::Unknown
-                    | tonic::Code::ResourceExhausted => CaError::Unavailable(s.message().to_string()),
+                    | tonic::Code::ResourceExhausted => {
+                        CaError::Unavailable(s.message().to_string())
+                    }
                     code => CaError::Refused {
                         code: format!("{code:?}"),
                         message: s.message().to_string(),

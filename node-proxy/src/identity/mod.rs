@@ -77,7 +77,10 @@ struct Inner {
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        let entries = self.entries.get_mut().unwrap_or_else(PoisonError::into_inner);
+        let entries = self
+            .entries
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner);
         for e in entries.values() {
             e.task.abort();
         }
@@ -268,12 +271,16 @@ async fn run(
                 metrics.failures.get_or_create(&labels).inc();
                 let current = slot.borrow().clone();
                 match &current {
-                    Some(c) if !c.is_expired() => tracing::warn!(%identity, %error, retry_in = ?backoff, "certificate renewal failed; the current certificate stays in use until it expires"),
+                    Some(c) if !c.is_expired() => {
+                        tracing::warn!(%identity, %error, retry_in = ?backoff, "certificate renewal failed; the current certificate stays in use until it expires")
+                    }
                     Some(_) => {
                         tracing::error!(%identity, %error, retry_in = ?backoff, "certificate expired and renewal failed; connections for this identity fail until the CA answers");
                         slot.send_replace(None);
                     }
-                    None => tracing::warn!(%identity, %error, retry_in = ?backoff, "cannot obtain a certificate yet"),
+                    None => {
+                        tracing::warn!(%identity, %error, retry_in = ?backoff, "cannot obtain a certificate yet")
+                    }
                 }
                 // Full backoff plus up to 10 % more, so that nodes do not retry in lockstep.
                 let delay = backoff + backoff.mul_f64(fastrand::f64() * 0.1);

@@ -16,7 +16,10 @@ fn manager(ca: &Arc<TestCa>, config: IdentityConfig) -> (IdentityManager, Regist
 }
 
 fn no_jitter() -> IdentityConfig {
-    IdentityConfig { renew_jitter_fraction: 0.0, ..IdentityConfig::default() }
+    IdentityConfig {
+        renew_jitter_fraction: 0.0,
+        ..IdentityConfig::default()
+    }
 }
 
 fn metrics_text(r: &Registry) -> String {
@@ -39,7 +42,11 @@ async fn fetches_ahead_once_per_identity_and_serves_it() {
     m.pod_added("shop/web-1", &web); // idempotent
     let cert = m.ready(&web).await.unwrap();
     assert_eq!(cert.identity(), &web);
-    assert_eq!(ca.issued.load(Ordering::SeqCst), 1, "one key and certificate per identity");
+    assert_eq!(
+        ca.issued.load(Ordering::SeqCst),
+        1,
+        "one key and certificate per identity"
+    );
     assert!(m.all_ready());
     assert_eq!(m.status()[0].pods, ["shop/web-0", "shop/web-1"]);
     let text = metrics_text(&registry);
@@ -47,9 +54,17 @@ async fn fetches_ahead_once_per_identity_and_serves_it() {
     assert!(text.contains(&format!(
         "identity_cert_expiration_timestamp_seconds{{identity=\"spiffe://cluster.local/ns/shop/sa/web\"}} {expiry}"
     )), "{text}");
-    assert!(text.contains("identity_cert_refresh_total{identity=\"spiffe://cluster.local/ns/shop/sa/web\"} 1"), "{text}");
+    assert!(
+        text.contains(
+            "identity_cert_refresh_total{identity=\"spiffe://cluster.local/ns/shop/sa/web\"} 1"
+        ),
+        "{text}"
+    );
     let other = ca.identity("shop", "db");
-    assert!(m.ready(&other).await.is_err(), "an identity with no pod here is not served");
+    assert!(
+        m.ready(&other).await.is_err(),
+        "an identity with no pod here is not served"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -62,11 +77,22 @@ async fn renews_at_seventy_percent_of_the_lifetime_with_jitter_before_it() {
     let start = Instant::now();
     // The certificate arrived 20 s into its life; jitter takes at most 5 % off 70 %.
     sleep(secs(WHOLE * 0.65 - 20.0 - 1.0)).await;
-    assert_eq!(ca.issued.load(Ordering::SeqCst), 1, "renewed before 65 % of the lifetime");
+    assert_eq!(
+        ca.issued.load(Ordering::SeqCst),
+        1,
+        "renewed before 65 % of the lifetime"
+    );
     sleep_until_secs(start, WHOLE * 0.70 - 20.0 + 1.0).await;
-    assert_eq!(ca.issued.load(Ordering::SeqCst), 2, "not renewed by 70 % of the lifetime");
+    assert_eq!(
+        ca.issued.load(Ordering::SeqCst),
+        2,
+        "not renewed by 70 % of the lifetime"
+    );
     let second = m.current(&web).unwrap();
-    assert!(!Arc::ptr_eq(&first, &second), "the renewed certificate is served");
+    assert!(
+        !Arc::ptr_eq(&first, &second),
+        "the renewed certificate is served"
+    );
 }
 
 async fn sleep_until_secs(start: Instant, s: f64) {
@@ -92,13 +118,26 @@ async fn backs_off_while_the_ca_is_down_and_keeps_the_certificate_until_it_expir
         sleep(secs(0.01)).await;
     }
     let failed_at = Instant::now();
-    assert!(failed_at - start <= secs(renew + 0.02), "renewal attempted late");
+    assert!(
+        failed_at - start <= secs(renew + 0.02),
+        "renewal attempted late"
+    );
     // Retries after 1 s, then 2 s, then 4 s (each up to 10 % longer).
-    for (offset, want) in [(0.95, 2), (1.15, 3), (2.95, 3), (3.35, 4), (6.95, 4), (7.75, 5)] {
+    for (offset, want) in [
+        (0.95, 2),
+        (1.15, 3),
+        (2.95, 3),
+        (3.35, 4),
+        (6.95, 4),
+        (7.75, 5),
+    ] {
         tokio::time::sleep_until(failed_at + secs(offset)).await;
         assert_eq!(calls(), want, "at first failure + {offset} s");
     }
-    assert!(m.current(&web).is_some(), "the current certificate stays in use during the outage");
+    assert!(
+        m.current(&web).is_some(),
+        "the current certificate stays in use during the outage"
+    );
     assert!(m.all_ready());
 
     // The delay grows to the 60 s cap and no further.
@@ -109,7 +148,10 @@ async fn backs_off_while_the_ca_is_down_and_keeps_the_certificate_until_it_expir
 
     // Past notAfter the certificate is withdrawn.
     sleep_until_secs(start, WHOLE - 20.0 + 1.0).await;
-    assert!(m.current(&web).is_none(), "an expired certificate is not served");
+    assert!(
+        m.current(&web).is_none(),
+        "an expired certificate is not served"
+    );
     assert!(!m.all_ready());
     let text = metrics_text(&registry);
     assert!(text.contains("identity_cert_refresh_failure_total{identity=\"spiffe://cluster.local/ns/shop/sa/web\"}"), "{text}");
@@ -135,7 +177,10 @@ async fn drops_the_key_and_series_when_the_last_pod_leaves() {
     m.pod_removed("shop/web-1"); // idempotent
     assert!(m.current(&web).is_none());
     assert!(m.status().is_empty());
-    assert!(!metrics_text(&registry).contains("sa/web"), "series of a departed identity are dropped");
+    assert!(
+        !metrics_text(&registry).contains("sa/web"),
+        "series of a departed identity are dropped"
+    );
     // Nothing renews a dropped identity.
     sleep(secs(WHOLE)).await;
     assert_eq!(ca.calls.load(Ordering::SeqCst), 1);

@@ -19,11 +19,18 @@ async fn handshake(
     server_key: Arc<CertifiedKey>,
 ) -> Outcome {
     let (a, b) = tokio::io::duplex(64 * 1024);
-    let connector = TlsConnector::from(Arc::new(client_config(client_bundle, client_key, expected).unwrap()));
+    let connector = TlsConnector::from(Arc::new(
+        client_config(client_bundle, client_key, expected).unwrap(),
+    ));
     let acceptor = TlsAcceptor::from(Arc::new(server_config(server_bundle, server_key).unwrap()));
     let server = tokio::spawn(async move {
         let mut tls = acceptor.accept(b).await.map_err(|e| e.to_string())?;
-        let peer = tls.get_ref().1.peer_certificates().ok_or("no client certificate")?[0].clone();
+        let peer = tls
+            .get_ref()
+            .1
+            .peer_certificates()
+            .ok_or("no client certificate")?[0]
+            .clone();
         let mut buf = [0u8; 4];
         tls.read_exact(&mut buf).await.map_err(|e| e.to_string())?;
         tls.write_all(&buf).await.map_err(|e| e.to_string())?;
@@ -32,7 +39,10 @@ async fn handshake(
     });
     let client = async {
         let name = ServerName::try_from("10.0.0.1").unwrap();
-        let mut tls = connector.connect(name, a).await.map_err(|e| e.to_string())?;
+        let mut tls = connector
+            .connect(name, a)
+            .await
+            .map_err(|e| e.to_string())?;
         assert_eq!(tls.get_ref().1.alpn_protocol(), Some(MESH_ALPN));
         tls.write_all(b"ping").await.map_err(|e| e.to_string())?;
         let mut buf = [0u8; 4];
@@ -53,17 +63,43 @@ async fn mutual_tls_proves_both_identities() {
     let ca = TestCa::new("cluster.local");
     let (web, db) = (ca.identity("shop", "web"), ca.identity("shop", "db"));
     let b = ca.bundle();
-    let out = handshake(&b, ca.certified_key(&web), vec![db.clone()], &b, ca.certified_key(&db)).await;
-    assert_eq!(out.client.unwrap(), db, "the client learns the server's identity");
-    assert_eq!(out.server.unwrap(), web, "the server learns the client's identity");
+    let out = handshake(
+        &b,
+        ca.certified_key(&web),
+        vec![db.clone()],
+        &b,
+        ca.certified_key(&db),
+    )
+    .await;
+    assert_eq!(
+        out.client.unwrap(),
+        db,
+        "the client learns the server's identity"
+    );
+    assert_eq!(
+        out.server.unwrap(),
+        web,
+        "the server learns the client's identity"
+    );
 }
 
 #[tokio::test]
 async fn server_with_another_identity_is_refused() {
     let ca = TestCa::new("cluster.local");
-    let (web, db, cache) = (ca.identity("shop", "web"), ca.identity("shop", "db"), ca.identity("shop", "cache"));
+    let (web, db, cache) = (
+        ca.identity("shop", "web"),
+        ca.identity("shop", "db"),
+        ca.identity("shop", "cache"),
+    );
     let b = ca.bundle();
-    let out = handshake(&b, ca.certified_key(&web), vec![db], &b, ca.certified_key(&cache)).await;
+    let out = handshake(
+        &b,
+        ca.certified_key(&web),
+        vec![db],
+        &b,
+        ca.certified_key(&cache),
+    )
+    .await;
     let err = out.client.unwrap_err();
     assert!(err.contains("presented identity spiffe://cluster.local/ns/shop/sa/cache, expected spiffe://cluster.local/ns/shop/sa/db"), "{err}");
     assert!(out.server.is_err());
@@ -74,10 +110,20 @@ async fn client_from_a_foreign_ca_is_refused() {
     let ca = TestCa::new("cluster.local");
     let rogue = TestCa::new("cluster.local");
     let (web, db) = (ca.identity("shop", "web"), ca.identity("shop", "db"));
-    let out = handshake(&ca.bundle(), rogue.certified_key(&web), vec![db.clone()], &ca.bundle(), ca.certified_key(&db)).await;
+    let out = handshake(
+        &ca.bundle(),
+        rogue.certified_key(&web),
+        vec![db.clone()],
+        &ca.bundle(),
+        ca.certified_key(&db),
+    )
+    .await;
     let err = out.server.unwrap_err();
     // Both CAs use the same names, so webpki finds the issuer by name and the signature fails.
-    assert!(err.contains("invalid peer certificate: BadSignature"), "{err}");
+    assert!(
+        err.contains("invalid peer certificate: BadSignature"),
+        "{err}"
+    );
 }
 
 #[tokio::test]
@@ -85,9 +131,19 @@ async fn server_from_a_foreign_ca_is_refused() {
     let ca = TestCa::new("cluster.local");
     let rogue = TestCa::new("cluster.local");
     let (web, db) = (ca.identity("shop", "web"), ca.identity("shop", "db"));
-    let out = handshake(&ca.bundle(), ca.certified_key(&web), vec![db.clone()], &rogue.bundle(), rogue.certified_key(&db)).await;
+    let out = handshake(
+        &ca.bundle(),
+        ca.certified_key(&web),
+        vec![db.clone()],
+        &rogue.bundle(),
+        rogue.certified_key(&db),
+    )
+    .await;
     let err = out.client.unwrap_err();
-    assert!(err.contains("invalid peer certificate: BadSignature"), "{err}");
+    assert!(
+        err.contains("invalid peer certificate: BadSignature"),
+        "{err}"
+    );
 }
 
 #[tokio::test]
@@ -106,7 +162,11 @@ async fn expired_certificate_is_refused() {
 async fn certificate_with_two_spiffe_ids_is_refused() {
     let ca = TestCa::new("cluster.local");
     let (web, db) = (ca.identity("shop", "web"), ca.identity("shop", "db"));
-    let two = ca.certified_key_with(&[db.to_string(), web.to_string()], SystemTime::now() - Duration::from_secs(20), Duration::from_secs(3600));
+    let two = ca.certified_key_with(
+        &[db.to_string(), web.to_string()],
+        SystemTime::now() - Duration::from_secs(20),
+        Duration::from_secs(3600),
+    );
     let b = ca.bundle();
     let out = handshake(&b, ca.certified_key(&web), vec![db], &b, two).await;
     let err = out.client.unwrap_err();
@@ -119,7 +179,14 @@ async fn identity_from_another_trust_domain_is_refused() {
     let web = ca.identity("shop", "web");
     let foreign = WorkloadIdentity::new("other.domain", "shop", "db").unwrap();
     let b = ca.bundle();
-    let out = handshake(&b, ca.certified_key(&web), vec![foreign.clone()], &b, ca.certified_key(&foreign)).await;
+    let out = handshake(
+        &b,
+        ca.certified_key(&web),
+        vec![foreign.clone()],
+        &b,
+        ca.certified_key(&foreign),
+    )
+    .await;
     let err = out.client.unwrap_err();
     assert!(err.contains("outside trust domain cluster.local"), "{err}");
 }
@@ -128,21 +195,42 @@ async fn identity_from_another_trust_domain_is_refused() {
 async fn bundle_with_two_roots_accepts_either_during_rotation() {
     let old = TestCa::new("cluster.local");
     let new = TestCa::new("cluster.local");
-    let both = TrustBundle::from_pem(format!("{}{}", old.root_pem, new.root_pem).as_bytes(), "cluster.local").unwrap();
+    let both = TrustBundle::from_pem(
+        format!("{}{}", old.root_pem, new.root_pem).as_bytes(),
+        "cluster.local",
+    )
+    .unwrap();
     assert_eq!(both.anchors().len(), 2);
     let (web, db) = (old.identity("shop", "web"), old.identity("shop", "db"));
     // A client still on the old root talks to a server already on the new one.
-    let out = handshake(&both, old.certified_key(&web), vec![db.clone()], &both, new.certified_key(&db)).await;
+    let out = handshake(
+        &both,
+        old.certified_key(&web),
+        vec![db.clone()],
+        &both,
+        new.certified_key(&db),
+    )
+    .await;
     assert_eq!(out.client.unwrap(), db);
     assert_eq!(out.server.unwrap(), web);
     // With the old root alone, the new server is not trusted.
-    let out = handshake(&old.bundle(), old.certified_key(&web), vec![db.clone()], &both, new.certified_key(&db)).await;
+    let out = handshake(
+        &old.bundle(),
+        old.certified_key(&web),
+        vec![db.clone()],
+        &both,
+        new.certified_key(&db),
+    )
+    .await;
     assert!(out.client.is_err());
 }
 
 #[test]
 fn empty_or_garbage_bundles_are_errors() {
-    assert!(matches!(TrustBundle::from_pem(b"", "cluster.local"), Err(BundleError::Empty)));
+    assert!(matches!(
+        TrustBundle::from_pem(b"", "cluster.local"),
+        Err(BundleError::Empty)
+    ));
     let garbage = b"-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n";
     assert!(TrustBundle::from_pem(garbage, "cluster.local").is_err());
 }

@@ -85,9 +85,7 @@ fn webpki_error(e: webpki::Error) -> rustls::Error {
         W::CertNotValidYet { .. } => CertificateError::NotValidYet,
         W::UnknownIssuer => CertificateError::UnknownIssuer,
         W::InvalidSignatureForPublicKey => CertificateError::BadSignature,
-        W::RequiredEkuNotFoundContext(_) => {
-            CertificateError::InvalidPurpose
-        }
+        W::RequiredEkuNotFoundContext(_) => CertificateError::InvalidPurpose,
         other => CertificateError::Other(rustls::OtherError(Arc::new(other))),
     };
     rustls::Error::InvalidCertificate(ce)

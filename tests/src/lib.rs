@@ -1,0 +1,162 @@
+//! Harness for Ambit's end-to-end tests: a real `ambit-control` on loopback with the local
+//! backend, fed from a temporary directory of Kubernetes YAML.
+//!
+//! # Layout
+//!
+//! - [`ControlPlane`]: PKI, cluster directory, node tokens, and the running control plane.
+//! - [`http_get`]: a minimal HTTP/1.1 GET for the admin endpoints.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use ambit_control::config::{Backend, Config};
+use ambit_control::pki::generate::{issuer, trust_anchor, CaMaterial, Validity};
+use ambit_control::{Control, Listeners};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+/// Token of each test node, as the proxy would read it from its ServiceAccount.
+pub fn node_token(node: &str) -> String {
+    format!("token-for-{node}-0123456789")
+}
+
+/// A control plane running on loopback ports.
+#[derive(Debug)]
+pub struct ControlPlane {
+    /// Holds PKI, cluster YAML and tokens.
+    pub dir: tempfile::TempDir,
+    /// The trust anchor.
+    pub root: CaMaterial,
+    /// Identity gRPC address.
+    pub identity_addr: SocketAddr,
+    /// Admin address.
+    pub admin_addr: SocketAddr,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<()>>,
+}
+
+impl ControlPlane {
+    /// Starts a control plane whose cluster directory holds `cluster_yaml`, with node
+    /// tokens for `nodes`.
+    pub async fn start(cluster_yaml: &str, nodes: &[&str]) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let root = trust_anchor(
+            "cluster.local",
+            Validity::starting_now(Duration::from_secs(86400 * 3650)),
+        )
+        .unwrap();
+        let iss = issuer(
+            &root,
+            "cluster.local",
+            Validity::starting_now(Duration::from_secs(86400 * 365)),
+        )
+        .unwrap();
+        let p = |n: &str| dir.path().join(n);
+        std::fs::write(p("root.crt"), &root.cert_pem).unwrap();
+        std::fs::write(p("issuer.crt"), &iss.cert_pem).unwrap();
+        std::fs::write(p("issuer.key"), &iss.key_pem).unwrap();
+        std::fs::create_dir(p("cluster")).unwrap();
+        std::fs::write(p("cluster/cluster.yaml"), cluster_yaml).unwrap();
+        let tokens: String = nodes
+            .iter()
+            .map(|n| format!("  {n}: {}\n", node_token(n)))
+            .collect();
+        std::fs::write(p("tokens.yaml"), format!("nodes:\n{tokens}")).unwrap();
+
+        let config = Config {
+            trust_domain: "cluster.local".into(),
+            trust_anchors: p("root.crt"),
+            issuer_cert: p("issuer.crt"),
+            issuer_key: p("issuer.key"),
+            cert_lifetime: Duration::from_secs(24 * 3600),
+            clock_skew_allowance: Duration::from_secs(20),
+            backend: Backend::Local,
+            local_dir: Some(p("cluster")),
+            local_poll_interval: Duration::from_millis(50),
+            node_tokens: Some(p("tokens.yaml")),
+            identity_addr: "127.0.0.1:0".parse().unwrap(),
+            admin_addr: "127.0.0.1:0".parse().unwrap(),
+            log: "info".into(),
+        };
+        let identity = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let admin = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let (identity_addr, admin_addr) =
+            (identity.local_addr().unwrap(), admin.local_addr().unwrap());
+        let control = Control::build(config).unwrap();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            control
+                .serve(Listeners { identity, admin }, async move {
+                    let _ = stopped.await;
+                })
+                .await
+                .unwrap();
+        });
+        let cp = Self {
+            dir,
+            root,
+            identity_addr,
+            admin_addr,
+            stop: Some(stop),
+            task: Some(task),
+        };
+        for _ in 0..200 {
+            if http_get(cp.admin_addr, "/ready").await.0 == 200 {
+                return cp;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("control plane did not become ready");
+    }
+
+    /// The identity service's URL.
+    pub fn identity_url(&self) -> String {
+        format!("http://{}", self.identity_addr)
+    }
+
+    /// Rewrites the cluster directory's YAML.
+    pub fn set_cluster(&self, yaml: &str) {
+        std::fs::write(self.cluster_file(), yaml).unwrap();
+    }
+
+    /// The cluster YAML file.
+    pub fn cluster_file(&self) -> PathBuf {
+        self.dir.path().join("cluster/cluster.yaml")
+    }
+
+    /// The `/metrics` text.
+    pub async fn metrics(&self) -> String {
+        http_get(self.admin_addr, "/metrics").await.1
+    }
+
+    /// Stops the control plane and waits for it to drain.
+    pub async fn stop(mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(t) = self.task.take() {
+            t.await.unwrap();
+        }
+    }
+}
+
+/// GETs `path` from `addr`; returns the status code and the body.
+pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let Ok(mut s) = tokio::net::TcpStream::connect(addr).await else {
+        return (0, String::new());
+    };
+    let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).await.unwrap();
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    let code = text.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (code, body)
+}
