@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Ambit's test command: installs what the suite needs on a fresh Debian 12 machine (skipping
+# what is already there), then runs every check CI gates on.
+#
+#   ./scripts/test.sh
+#
+# Needs root for the package installs (CI and the developer machines run as root).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+log() { printf '\n==> %s\n' "$*"; }
+
+# --- Debian packages -----------------------------------------------------------------
+# protobuf-compiler: tonic/prost code generation; openssl: chain checks in the tests.
+packages=(protobuf-compiler openssl)
+missing=()
+for p in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+    log "installing Debian packages: ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# --- Rust components -----------------------------------------------------------------
+for c in rustfmt clippy; do
+    rustup component list --installed 2>/dev/null | grep -q "^$c" || rustup component add "$c"
+done
+
+# --- Checks --------------------------------------------------------------------------
+log "cargo fmt --check"
+cargo fmt --all -- --check
+
+log "cargo clippy --all-targets -- -D warnings"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+log "cargo test"
+cargo test --workspace --locked
+
+log "all checks passed"
