@@ -4,6 +4,7 @@
 //!
 //! - [`identity`]: workload identities, their SPIFFE IDs and DNS names.
 //! - [`duration`]: durations as written in configuration (`24h`, `500ms`).
+//! - [`ports`]: port sets as written in annotations (`25,3306,4000-4100`).
 //! - [`proto`]: gRPC bindings generated from `proto/` at build time.
 //!
 //! The node proxy and the control plane never import each other; this crate is all they
@@ -11,9 +12,16 @@
 
 pub mod duration;
 pub mod identity;
+pub mod ports;
 
 /// gRPC bindings generated from the `.proto` files in `api/proto`.
 pub mod proto {
+    /// The discovery service, `ambit.discovery.v1`.
+    pub mod discovery {
+        #![allow(missing_docs, clippy::all, missing_debug_implementations)]
+        tonic::include_proto!("ambit.discovery.v1");
+    }
+
     /// The identity (certificate authority) service, `ambit.identity.v1`.
     pub mod identity {
         #![allow(missing_docs, clippy::all, missing_debug_implementations)]

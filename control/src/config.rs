@@ -31,6 +31,8 @@ pub mod env {
     pub const NODE_TOKENS: &str = "AMBIT_NODE_TOKENS";
     /// Identity gRPC listen address.
     pub const IDENTITY_ADDR: &str = "AMBIT_IDENTITY_ADDR";
+    /// Discovery gRPC listen address.
+    pub const DISCOVERY_ADDR: &str = "AMBIT_DISCOVERY_ADDR";
     /// Admin HTTP listen address.
     pub const ADMIN_ADDR: &str = "AMBIT_ADMIN_ADDR";
     /// Log filter.
@@ -92,6 +94,9 @@ pub struct Config {
     /// Listen address of the identity service (gRPC).
     #[arg(long, env = env::IDENTITY_ADDR, default_value = "0.0.0.0:8080")]
     pub identity_addr: SocketAddr,
+    /// Listen address of the discovery service (gRPC).
+    #[arg(long, env = env::DISCOVERY_ADDR, default_value = "0.0.0.0:8086")]
+    pub discovery_addr: SocketAddr,
     /// Listen address of the admin server (/metrics, /ready, /live).
     #[arg(long, env = env::ADMIN_ADDR, default_value = "0.0.0.0:9990")]
     pub admin_addr: SocketAddr,

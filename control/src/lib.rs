@@ -9,6 +9,7 @@
 //! - [`local`]: the local backend (Kubernetes objects as YAML files in a directory) and
 //!   its node credentials.
 //! - [`identity`]: the identity gRPC service with node-scoped authorization.
+//! - [`discovery`]: the discovery gRPC service: a snapshot, then deltas, per node proxy.
 //! - [`admin`]: `/metrics`, `/ready`, `/live`.
 //!
 //! [`Control::build`] loads and checks everything; [`Control::serve`] takes
@@ -16,6 +17,7 @@
 
 pub mod admin;
 pub mod config;
+pub mod discovery;
 pub mod identity;
 pub mod index;
 pub mod local;
@@ -62,6 +64,7 @@ pub struct Control {
     config: Config,
     index: SharedIndex,
     identity: IdentityService,
+    discovery: discovery::DiscoveryService,
     registry: Registry,
     local_metrics: LocalMetrics,
     loaded: local::Fingerprint,
@@ -80,6 +83,8 @@ impl std::fmt::Debug for Control {
 pub struct Listeners {
     /// Identity gRPC (:8080).
     pub identity: TcpListener,
+    /// Discovery gRPC (:8086).
+    pub discovery: TcpListener,
     /// Admin HTTP (:9990).
     pub admin: TcpListener,
 }
@@ -104,6 +109,7 @@ impl Control {
         let mut registry = Registry::default();
         let local_metrics = LocalMetrics::register(&mut registry);
         let identity_metrics = IdentityMetrics::register(&mut registry);
+        let discovery_metrics = discovery::DiscoveryMetrics::register(&mut registry);
 
         let (index, auth, loaded): (_, Arc<dyn NodeAuthenticator>, _) = match config.backend {
             Backend::Local => {
@@ -122,11 +128,14 @@ impl Control {
                 (SharedIndex::new(index), Arc::new(tokens), loaded)
             }
         };
-        let identity = IdentityService::new(Arc::new(ca), index.clone(), auth, identity_metrics);
+        let identity =
+            IdentityService::new(Arc::new(ca), index.clone(), auth.clone(), identity_metrics);
+        let discovery = discovery::DiscoveryService::new(index.clone(), auth, discovery_metrics);
         Ok(Self {
             config,
             index,
             identity,
+            discovery,
             registry,
             local_metrics,
             loaded,
@@ -145,6 +154,7 @@ impl Control {
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), StartError> {
         let (drain_tx, drain_rx) = tokio::sync::watch::channel(false);
+        let drain_rx2 = drain_rx.clone();
         let drained = move || {
             let mut rx = drain_rx.clone();
             async move {
@@ -174,35 +184,28 @@ impl Control {
                 .await
         });
 
-        // Small request/response exchanges: without TCP_NODELAY, Nagle and delayed ACKs
-        // stall each exchange ~40 ms (measured on one core: 363 → 9,700 certificates/s;
-        // BENCHMARKS.md).
-        let incoming = tokio_stream::StreamExt::map(
-            tokio_stream::wrappers::TcpListenerStream::new(listeners.identity),
-            |conn| {
-                conn.inspect(|s| {
-                    if let Err(e) = s.set_nodelay(true) {
-                        tracing::debug!(error = %e, "cannot set TCP_NODELAY");
-                    }
-                })
-            },
-        );
-        let grpc = tonic::transport::Server::builder()
+        let identity = tonic::transport::Server::builder()
             .add_service(self.identity.into_server())
-            .serve_with_incoming_shutdown(incoming, drained());
+            .serve_with_incoming_shutdown(nodelay(listeners.identity), drained());
+        let discovery = tonic::transport::Server::builder()
+            .add_service(self.discovery.with_drain(drain_rx2).into_server())
+            .serve_with_incoming_shutdown(nodelay(listeners.discovery), drained());
+        let identity_task = tokio::spawn(identity);
+        let discovery_task = tokio::spawn(discovery);
         ready.store(true, Ordering::Release);
 
-        let grpc_task = tokio::spawn(grpc);
         shutdown.await;
         tracing::info!("shutting down");
         ready.store(false, Ordering::Release);
         let _ = drain_tx.send(true);
         let _ = watcher.await;
         let serve_err = |what, message: String| StartError::Serve { what, message };
-        match grpc_task.await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => return Err(serve_err("identity", e.to_string())),
-            Err(e) => return Err(serve_err("identity", e.to_string())),
+        for (what, task) in [("identity", identity_task), ("discovery", discovery_task)] {
+            match task.await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => return Err(serve_err(what, e.to_string())),
+                Err(e) => return Err(serve_err(what, e.to_string())),
+            }
         }
         match admin_task.await {
             Ok(Ok(())) => Ok(()),
@@ -210,4 +213,22 @@ impl Control {
             Err(e) => Err(serve_err("admin", e.to_string())),
         }
     }
+}
+
+/// Accepted connections with TCP_NODELAY: gRPC exchanges are small, and without it Nagle
+/// and delayed ACKs stall each one ~40 ms (measured on one core: 363 → 9,700 certificates/s;
+/// BENCHMARKS.md).
+fn nodelay(
+    listener: TcpListener,
+) -> impl tokio_stream::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
+    tokio_stream::StreamExt::map(
+        tokio_stream::wrappers::TcpListenerStream::new(listener),
+        |conn| {
+            conn.inspect(|s| {
+                if let Err(e) = s.set_nodelay(true) {
+                    tracing::debug!(error = %e, "cannot set TCP_NODELAY");
+                }
+            })
+        },
+    )
 }

@@ -15,6 +15,11 @@ async fn main() -> anyhow::Result<()> {
         identity: tokio::net::TcpListener::bind(config.identity_addr)
             .await
             .with_context(|| format!("binding the identity service to {}", config.identity_addr))?,
+        discovery: tokio::net::TcpListener::bind(config.discovery_addr)
+            .await
+            .with_context(|| {
+                format!("binding the discovery service to {}", config.discovery_addr)
+            })?,
         admin: tokio::net::TcpListener::bind(config.admin_addr)
             .await
             .with_context(|| format!("binding the admin server to {}", config.admin_addr))?,

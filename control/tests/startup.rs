@@ -51,6 +51,8 @@ impl Setup {
             .args([
                 "--identity-addr",
                 "127.0.0.1:0",
+                "--discovery-addr",
+                "127.0.0.1:0",
                 "--admin-addr",
                 "127.0.0.1:0",
             ])

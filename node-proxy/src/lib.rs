@@ -2,6 +2,8 @@
 //!
 //! # Layout
 //!
+//! - [`discovery`]: the cluster as the control plane streams it; resolution of outbound
+//!   destinations (Service ClusterIP → endpoints, pod IP → pod).
 //! - [`identity`]: one key and certificate per workload identity on the node, obtained
 //!   from the control plane's CA and renewed before expiry.
 //! - [`tls`]: the trust bundle and the rustls verifiers that check a peer's chain and its
@@ -10,6 +12,7 @@
 //! The data path (in-pod listeners, the mesh tunnel, L7) and the proxy binary come next;
 //! see the project README for what works today.
 
+pub mod discovery;
 pub mod identity;
 pub mod tls;
 

@@ -32,6 +32,8 @@ pub struct ControlPlane {
     pub root: CaMaterial,
     /// Identity gRPC address.
     pub identity_addr: SocketAddr,
+    /// Discovery gRPC address.
+    pub discovery_addr: SocketAddr,
     /// Admin address.
     pub admin_addr: SocketAddr,
     stop: Option<oneshot::Sender<()>>,
@@ -78,20 +80,30 @@ impl ControlPlane {
             local_poll_interval: Duration::from_millis(50),
             node_tokens: Some(p("tokens.yaml")),
             identity_addr: "127.0.0.1:0".parse().unwrap(),
+            discovery_addr: "127.0.0.1:0".parse().unwrap(),
             admin_addr: "127.0.0.1:0".parse().unwrap(),
             log: "info".into(),
         };
         let identity = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let discovery = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let admin = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let (identity_addr, admin_addr) =
-            (identity.local_addr().unwrap(), admin.local_addr().unwrap());
+        let identity_addr = identity.local_addr().unwrap();
+        let discovery_addr = discovery.local_addr().unwrap();
+        let admin_addr = admin.local_addr().unwrap();
         let control = Control::build(config).unwrap();
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(async move {
             control
-                .serve(Listeners { identity, admin }, async move {
-                    let _ = stopped.await;
-                })
+                .serve(
+                    Listeners {
+                        identity,
+                        discovery,
+                        admin,
+                    },
+                    async move {
+                        let _ = stopped.await;
+                    },
+                )
                 .await
                 .unwrap();
         });
@@ -99,6 +111,7 @@ impl ControlPlane {
             dir,
             root,
             identity_addr,
+            discovery_addr,
             admin_addr,
             stop: Some(stop),
             task: Some(task),
@@ -115,6 +128,11 @@ impl ControlPlane {
     /// The identity service's URL.
     pub fn identity_url(&self) -> String {
         format!("http://{}", self.identity_addr)
+    }
+
+    /// The discovery service's URL.
+    pub fn discovery_url(&self) -> String {
+        format!("http://{}", self.discovery_addr)
     }
 
     /// Rewrites the cluster directory's YAML.

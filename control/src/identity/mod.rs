@@ -39,6 +39,27 @@ impl NodeAuthenticator for NodeTokens {
     }
 }
 
+/// The node a request comes from, by its `authorization: Bearer <token>` metadata.
+pub(crate) async fn authenticate<T>(
+    auth: &dyn NodeAuthenticator,
+    req: &Request<T>,
+) -> Result<String, Status> {
+    let header = req
+        .metadata()
+        .get("authorization")
+        .and_then(|v| v.to_str().ok());
+    let Some(token) = header.and_then(|h| h.strip_prefix("Bearer ")) else {
+        return Err(Status::unauthenticated(
+            "no node credential: send `authorization: Bearer <node token>`",
+        ));
+    };
+    auth.authenticate(token.trim()).await.ok_or_else(|| {
+        Status::unauthenticated(
+            "node token not recognised; check the node proxy's token against the control plane's node credentials",
+        )
+    })
+}
+
 /// The gRPC identity service.
 #[derive(Clone)]
 pub struct IdentityService {
@@ -79,25 +100,8 @@ impl IdentityService {
         IdentityServer::new(self)
     }
 
-    async fn node<T>(&self, req: &Request<T>) -> Result<String, Status> {
-        let header = req
-            .metadata()
-            .get("authorization")
-            .and_then(|v| v.to_str().ok());
-        let Some(token) = header.and_then(|h| h.strip_prefix("Bearer ")) else {
-            return Err(Status::unauthenticated(
-                "no node credential: send `authorization: Bearer <node token>`",
-            ));
-        };
-        self.auth.authenticate(token.trim()).await.ok_or_else(|| {
-            Status::unauthenticated(
-                "node token not recognised; check the node proxy's token against the control plane's node credentials",
-            )
-        })
-    }
-
     async fn certify_inner(&self, req: Request<CertifyRequest>) -> Result<CertifyResponse, Status> {
-        let node = self.node(&req).await?;
+        let node = authenticate(self.auth.as_ref(), &req).await?;
         let req = req.into_inner();
         let id =
             WorkloadIdentity::new(self.ca.trust_domain(), &req.namespace, &req.service_account)

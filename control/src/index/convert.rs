@@ -1,8 +1,9 @@
 //! Conversion of Kubernetes objects into the index's domain types, with errors that name
 //! the object and the field.
 
-use super::model::{EndpointInfo, PodInfo, ServiceInfo, ServicePort};
+use super::model::{EndpointInfo, NamespaceInfo, PodInfo, ServiceInfo, ServicePort};
 use super::MESH_ANNOTATION;
+use ambit_api::ports::PortSet;
 use ambit_api::WorkloadIdentity;
 use k8s_openapi::api::core::v1::{Namespace, Pod, Service, ServiceAccount};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -133,15 +134,84 @@ fn mesh_annotation(meta: &ObjectMeta, object: &str) -> Result<Option<bool>, Conv
     }
 }
 
-pub(super) fn namespace(ns: &Namespace) -> Result<(String, bool), ConvertError> {
+/// Annotation naming ports proxied as opaque TCP.
+pub const OPAQUE_PORTS_ANNOTATION: &str = "config.ambit.dev/opaque-ports";
+/// Annotation naming inbound ports that bypass the proxy.
+pub const SKIP_INBOUND_PORTS_ANNOTATION: &str = "config.ambit.dev/skip-inbound-ports";
+/// Annotation naming outbound ports that bypass the proxy.
+pub const SKIP_OUTBOUND_PORTS_ANNOTATION: &str = "config.ambit.dev/skip-outbound-ports";
+/// Local mode: the pod's network namespace path.
+pub const NETNS_ANNOTATION: &str = "local.ambit.dev/netns";
+
+/// Checks the per-port annotations of an object parse.
+fn check_port_annotations(meta: &ObjectMeta, object: &str) -> Result<(), ConvertError> {
+    let Some(a) = meta.annotations.as_ref() else {
+        return Ok(());
+    };
+    for key in [
+        OPAQUE_PORTS_ANNOTATION,
+        SKIP_INBOUND_PORTS_ANNOTATION,
+        SKIP_OUTBOUND_PORTS_ANNOTATION,
+    ] {
+        if let Some(v) = a.get(key) {
+            v.parse::<PortSet>().map_err(|e| {
+                err(
+                    object,
+                    &format!("metadata.annotations[\"{key}\"]"),
+                    format!(
+                        "{e}; use comma-separated ports and ranges, e.g. \"25,3306,4000-4100\""
+                    ),
+                )
+            })?;
+        }
+    }
+    Ok(())
+}
+
+pub(super) fn namespace(ns: &Namespace) -> Result<(String, NamespaceInfo), ConvertError> {
     let name = ns
         .metadata
         .name
         .clone()
         .filter(|n| !n.is_empty())
         .ok_or_else(|| err("Namespace", "metadata.name", "required"))?;
-    let meshed = mesh_annotation(&ns.metadata, &format!("Namespace {name}"))?;
-    Ok((name, meshed.unwrap_or(false)))
+    let object = format!("Namespace {name}");
+    let meshed = mesh_annotation(&ns.metadata, &object)?;
+    check_port_annotations(&ns.metadata, &object)?;
+    Ok((
+        name,
+        NamespaceInfo {
+            meshed: meshed.unwrap_or(false),
+            annotations: ns.metadata.annotations.clone().unwrap_or_default(),
+        },
+    ))
+}
+
+/// The pod's workload name: its controller's, with a ReplicaSet's template hash removed.
+fn workload_name(pod: &Pod, name: &str) -> String {
+    let owner = pod
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.controller == Some(true))
+        .or_else(|| pod.metadata.owner_references.iter().flatten().next());
+    let Some(owner) = owner else {
+        return name.to_string();
+    };
+    let hash = pod
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get("pod-template-hash"));
+    match (owner.kind.as_str(), hash) {
+        ("ReplicaSet", Some(h)) => owner
+            .name
+            .strip_suffix(&format!("-{h}"))
+            .unwrap_or(&owner.name)
+            .to_string(),
+        _ => owner.name.clone(),
+    }
 }
 
 fn parse_ip(s: &str, object: &str, field: &str) -> Result<IpAddr, ConvertError> {
@@ -183,7 +253,11 @@ pub(super) fn pod(pod: &Pod, trust_domain: &str) -> Result<PodInfo, ConvertError
         .and_then(|s| s.conditions.as_ref())
         .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
 
+    check_port_annotations(&pod.metadata, &object)?;
+    let annotations = pod.metadata.annotations.clone().unwrap_or_default();
     Ok(PodInfo {
+        workload: workload_name(pod, &name),
+        netns: annotations.get(NETNS_ANNOTATION).cloned(),
         uid: pod.metadata.uid.clone(),
         node_name: spec
             .and_then(|s| s.node_name.clone())
@@ -195,7 +269,7 @@ pub(super) fn pod(pod: &Pod, trust_domain: &str) -> Result<PodInfo, ConvertError
         host_network: spec.and_then(|s| s.host_network).unwrap_or(false),
         phase: status.and_then(|s| s.phase.clone()),
         ready,
-        annotations: pod.metadata.annotations.clone().unwrap_or_default(),
+        annotations,
         labels: pod.metadata.labels.clone().unwrap_or_default(),
         namespace,
         name,

@@ -8,8 +8,11 @@
 mod convert;
 mod model;
 
-pub use convert::{ConvertError, KubeObject, ObjectRef};
-pub use model::{EndpointInfo, PodInfo, ServiceInfo, ServicePort};
+pub use convert::{
+    ConvertError, KubeObject, ObjectRef, NETNS_ANNOTATION, OPAQUE_PORTS_ANNOTATION,
+    SKIP_INBOUND_PORTS_ANNOTATION, SKIP_OUTBOUND_PORTS_ANNOTATION,
+};
+pub use model::{EndpointInfo, NamespaceInfo, PodInfo, PortHints, ServiceInfo, ServicePort};
 
 use ambit_api::WorkloadIdentity;
 use std::collections::BTreeMap;
@@ -23,8 +26,7 @@ pub const MESH_ANNOTATION: &str = "ambit.dev/mesh";
 #[derive(Clone, Debug, Default)]
 pub struct ClusterIndex {
     trust_domain: String,
-    /// Namespace name → whether its annotation meshes its pods by default.
-    namespaces: BTreeMap<String, bool>,
+    namespaces: BTreeMap<String, NamespaceInfo>,
     pods: BTreeMap<(String, String), PodInfo>,
     service_accounts: BTreeMap<(String, String), ()>,
     services: BTreeMap<(String, String), ServiceInfo>,
@@ -69,8 +71,8 @@ impl ClusterIndex {
     pub fn apply(&mut self, obj: KubeObject) -> Result<(), ConvertError> {
         match obj {
             KubeObject::Namespace(ns) => {
-                let (name, meshed) = convert::namespace(&ns)?;
-                self.namespaces.insert(name, meshed);
+                let (name, info) = convert::namespace(&ns)?;
+                self.namespaces.insert(name, info);
             }
             KubeObject::Pod(pod) => {
                 let pod = convert::pod(&pod, &self.trust_domain)?;
@@ -133,9 +135,45 @@ impl ClusterIndex {
             None => self
                 .namespaces
                 .get(&pod.namespace)
-                .copied()
-                .unwrap_or(false),
+                .is_some_and(|n| n.meshed),
         }
+    }
+
+    /// The pod's per-port hints: its own annotation, else its namespace's, else the
+    /// defaults (Linkerd's opaque ports, no skipped ports). Values were validated on apply.
+    pub fn port_hints(&self, pod: &PodInfo) -> PortHints {
+        let ns = self.namespaces.get(&pod.namespace);
+        let get = |key: &str, default: &str| -> ambit_api::ports::PortSet {
+            pod.annotations
+                .get(key)
+                .or_else(|| ns.and_then(|n| n.annotations.get(key)))
+                .map(String::as_str)
+                .unwrap_or(default)
+                .parse()
+                .unwrap_or_default()
+        };
+        PortHints {
+            opaque: get(
+                OPAQUE_PORTS_ANNOTATION,
+                ambit_api::ports::DEFAULT_OPAQUE_PORTS,
+            ),
+            skip_inbound: get(SKIP_INBOUND_PORTS_ANNOTATION, ""),
+            skip_outbound: get(SKIP_OUTBOUND_PORTS_ANNOTATION, ""),
+        }
+    }
+
+    /// Every pod that has not terminated, with its mesh status.
+    pub fn workloads(&self) -> Vec<Workload> {
+        self.pods
+            .values()
+            .filter(|p| !p.is_terminated())
+            .map(|p| self.workload(p))
+            .collect()
+    }
+
+    /// Every Service.
+    pub fn services(&self) -> impl Iterator<Item = &ServiceInfo> {
+        self.services.values()
     }
 
     /// Every pod scheduled on `node` that has not terminated, with its mesh status.

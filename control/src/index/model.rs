@@ -33,6 +33,11 @@ pub struct PodInfo {
     pub annotations: BTreeMap<String, String>,
     /// metadata.labels.
     pub labels: BTreeMap<String, String>,
+    /// The workload the pod belongs to, for metrics: its controller's name (a
+    /// Deployment's, for a pod of a ReplicaSet), else the pod's own name.
+    pub workload: String,
+    /// Local mode: the pod's network namespace, from the `local.ambit.dev/netns` annotation.
+    pub netns: Option<String>,
 }
 
 impl PodInfo {
@@ -40,6 +45,26 @@ impl PodInfo {
     pub fn is_terminated(&self) -> bool {
         matches!(self.phase.as_deref(), Some("Succeeded" | "Failed"))
     }
+}
+
+/// A namespace's mesh settings.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NamespaceInfo {
+    /// `ambit.dev/mesh: enabled`.
+    pub meshed: bool,
+    /// All annotations (per-port hints default from here).
+    pub annotations: BTreeMap<String, String>,
+}
+
+/// Per-port behaviour of a pod, from its annotations or its namespace's.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PortHints {
+    /// Ports whose traffic is proxied as opaque TCP, without protocol detection.
+    pub opaque: ambit_api::ports::PortSet,
+    /// Inbound ports that bypass the proxy.
+    pub skip_inbound: ambit_api::ports::PortSet,
+    /// Outbound ports that bypass the proxy.
+    pub skip_outbound: ambit_api::ports::PortSet,
 }
 
 /// A Service port.

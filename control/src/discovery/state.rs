@@ -1,0 +1,166 @@
+//! What the discovery service sends: the index rendered as protobuf, and deltas between
+//! two renderings.
+
+use crate::index::{ClusterIndex, Workload};
+use ambit_api::ports::PortSet;
+use ambit_api::proto::discovery as pb;
+use std::collections::BTreeMap;
+
+/// The cluster as one discovery stream sees it, keyed by "<namespace>/<name>".
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct NodeView {
+    /// Pods with an IP.
+    pub workloads: BTreeMap<String, pb::Workload>,
+    /// Services with their endpoints.
+    pub services: BTreeMap<String, pb::Service>,
+}
+
+impl NodeView {
+    /// All of it as one update.
+    pub fn to_update(&self, snapshot: bool) -> pb::Update {
+        pb::Update {
+            snapshot,
+            workloads: self.workloads.values().cloned().collect(),
+            services: self.services.values().cloned().collect(),
+            ..pb::Update::default()
+        }
+    }
+}
+
+fn ranges(set: &PortSet) -> Vec<pb::PortRange> {
+    set.ranges()
+        .iter()
+        .map(|(a, b)| pb::PortRange {
+            first: u32::from(*a),
+            last: u32::from(*b),
+        })
+        .collect()
+}
+
+fn workload(index: &ClusterIndex, w: &Workload) -> pb::Workload {
+    let hints = index.port_hints(&w.pod);
+    pb::Workload {
+        namespace: w.pod.namespace.clone(),
+        name: w.pod.name.clone(),
+        uid: w.pod.uid.clone().unwrap_or_default(),
+        node: w.pod.node_name.clone().unwrap_or_default(),
+        ips: w.pod.ips.iter().map(ToString::to_string).collect(),
+        identity: w.identity.to_string(),
+        meshed: w.meshed,
+        netns: w.pod.netns.clone().unwrap_or_default(),
+        opaque_ports: ranges(&hints.opaque),
+        skip_inbound_ports: ranges(&hints.skip_inbound),
+        skip_outbound_ports: ranges(&hints.skip_outbound),
+        workload: w.pod.workload.clone(),
+        ready: w.pod.ready,
+    }
+}
+
+/// Renders the index.
+pub fn snapshot(index: &ClusterIndex) -> NodeView {
+    let workloads: BTreeMap<_, _> = index
+        .workloads()
+        .iter()
+        .filter(|w| !w.pod.ips.is_empty())
+        .map(|w| {
+            (
+                format!("{}/{}", w.pod.namespace, w.pod.name),
+                workload(index, w),
+            )
+        })
+        .collect();
+    let services = index
+        .services()
+        .map(|svc| {
+            let endpoints = index
+                .service_endpoints(&svc.namespace, &svc.name)
+                .into_iter()
+                .map(|ep| {
+                    let pod = ep
+                        .pod
+                        .as_ref()
+                        .and_then(|(ns, name)| index.workload_by_name(ns, name));
+                    pb::Endpoint {
+                        address: ep.address.to_string(),
+                        ports: ep
+                            .ports
+                            .iter()
+                            .map(|(n, p)| (n.clone().unwrap_or_default(), u32::from(*p)))
+                            .collect(),
+                        ready: ep.ready,
+                        identity: pod
+                            .as_ref()
+                            .filter(|p| p.meshed)
+                            .map(|p| p.identity.to_string())
+                            .unwrap_or_default(),
+                        node: ep
+                            .node_name
+                            .clone()
+                            .or_else(|| pod.as_ref().and_then(|p| p.pod.node_name.clone()))
+                            .unwrap_or_default(),
+                        meshed: pod.as_ref().is_some_and(|p| p.meshed),
+                        pod: ep
+                            .pod
+                            .as_ref()
+                            .map(|(ns, n)| format!("{ns}/{n}"))
+                            .unwrap_or_default(),
+                    }
+                })
+                .collect();
+            let s = pb::Service {
+                namespace: svc.namespace.clone(),
+                name: svc.name.clone(),
+                cluster_ips: svc.cluster_ips.iter().map(ToString::to_string).collect(),
+                ports: svc
+                    .ports
+                    .iter()
+                    .map(|p| pb::ServicePort {
+                        name: p.name.clone().unwrap_or_default(),
+                        port: u32::from(p.port),
+                        protocol: p.protocol.clone(),
+                    })
+                    .collect(),
+                endpoints,
+            };
+            (format!("{}/{}", svc.namespace, svc.name), s)
+        })
+        .collect();
+    NodeView {
+        workloads,
+        services,
+    }
+}
+
+/// The delta that turns `old` into `new`, or `None` when nothing changed.
+pub fn diff(old: &NodeView, new: &NodeView) -> Option<pb::Update> {
+    fn changes<T: Clone + PartialEq>(
+        old: &BTreeMap<String, T>,
+        new: &BTreeMap<String, T>,
+    ) -> (Vec<T>, Vec<String>) {
+        let upserted = new
+            .iter()
+            .filter(|(k, v)| old.get(*k) != Some(v))
+            .map(|(_, v)| v.clone())
+            .collect();
+        let removed = old
+            .keys()
+            .filter(|k| !new.contains_key(*k))
+            .cloned()
+            .collect();
+        (upserted, removed)
+    }
+    let (workloads, removed_workloads) = changes(&old.workloads, &new.workloads);
+    let (services, removed_services) = changes(&old.services, &new.services);
+    let update = pb::Update {
+        snapshot: false,
+        workloads,
+        removed_workloads,
+        services,
+        removed_services,
+    };
+    let empty = update.workloads.is_empty()
+        && update.removed_workloads.is_empty()
+        && update.services.is_empty()
+        && update.removed_services.is_empty();
+    (!empty).then_some(update)
+}

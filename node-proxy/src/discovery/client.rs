@@ -1,0 +1,162 @@
+//! The discovery stream client, with reconnection and backoff.
+
+use super::DiscoveryState;
+use ambit_api::proto::discovery::discovery_client::DiscoveryClient as PbClient;
+use ambit_api::proto::discovery::WatchRequest;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+use tonic::transport::Endpoint;
+
+/// Updates received, reconnects, resources skipped as invalid, and whether the stream is up.
+#[derive(Clone, Debug, Default)]
+pub struct DiscoveryMetrics {
+    updates: Counter,
+    reconnects: Counter,
+    invalid: Counter,
+    connected: Gauge,
+}
+
+impl DiscoveryMetrics {
+    /// Creates the metrics and registers them.
+    pub fn register(registry: &mut Registry) -> Self {
+        let m = Self::default();
+        registry.register(
+            "discovery_updates",
+            "Discovery updates applied",
+            m.updates.clone(),
+        );
+        registry.register(
+            "discovery_reconnects",
+            "Discovery streams re-opened after a failure",
+            m.reconnects.clone(),
+        );
+        registry.register(
+            "discovery_invalid_resources",
+            "Discovery resources ignored as invalid",
+            m.invalid.clone(),
+        );
+        registry.register(
+            "discovery_connected",
+            "1 while the discovery stream is open",
+            m.connected.clone(),
+        );
+        m
+    }
+}
+
+/// Watches the control plane's discovery service for one node.
+#[derive(Clone, Debug)]
+pub struct DiscoveryClient {
+    endpoint: String,
+    token: String,
+    node: String,
+    backoff_initial: Duration,
+    backoff_max: Duration,
+}
+
+impl DiscoveryClient {
+    /// A client of the discovery service at `endpoint` for `node`, authenticating with
+    /// `token`.
+    pub fn new(endpoint: String, token: String, node: String) -> Self {
+        Self {
+            endpoint,
+            token,
+            node,
+            backoff_initial: Duration::from_millis(500),
+            backoff_max: Duration::from_secs(30),
+        }
+    }
+
+    /// Streams updates into `state` until `shutdown` resolves; reconnects with backoff.
+    pub async fn run(
+        self,
+        state: watch::Sender<Arc<DiscoveryState>>,
+        metrics: DiscoveryMetrics,
+        shutdown: impl Future<Output = ()>,
+    ) {
+        tokio::pin!(shutdown);
+        let mut backoff = self.backoff_initial;
+        let mut first = true;
+        loop {
+            if !first {
+                metrics.reconnects.inc();
+            }
+            first = false;
+            tokio::select! {
+                _ = &mut shutdown => return,
+                result = self.stream(&state, &metrics) => {
+                    metrics.connected.set(0);
+                    match result {
+                        // The stream delivered something: start the backoff afresh.
+                        Ok(true) => backoff = self.backoff_initial,
+                        Ok(false) => {}
+                        Err(error) => tracing::warn!(%error, retry_in = ?backoff, "discovery stream failed; keeping the last state"),
+                    }
+                }
+            }
+            let delay = backoff + backoff.mul_f64(fastrand::f64() * 0.1);
+            tokio::select! {
+                _ = &mut shutdown => return,
+                _ = tokio::time::sleep(delay) => {}
+            }
+            backoff = (backoff * 2).min(self.backoff_max);
+        }
+    }
+
+    /// One stream, until it ends; `Ok(true)` if it delivered at least one update.
+    async fn stream(
+        &self,
+        state: &watch::Sender<Arc<DiscoveryState>>,
+        metrics: &DiscoveryMetrics,
+    ) -> Result<bool, String> {
+        let channel = Endpoint::from_shared(self.endpoint.clone())
+            .map_err(|e| format!("invalid discovery address {:?}: {e}", self.endpoint))?
+            .connect_timeout(Duration::from_secs(5))
+            .tcp_nodelay(true)
+            .connect()
+            .await
+            .map_err(|e| format!("connecting to {}: {e}", self.endpoint))?;
+        let mut req = tonic::Request::new(WatchRequest {
+            node: self.node.clone(),
+        });
+        let header = format!("Bearer {}", self.token)
+            .parse()
+            .map_err(|_| "the node token has characters not allowed in a header".to_string())?;
+        req.metadata_mut().insert("authorization", header);
+        let mut stream = PbClient::new(channel)
+            .watch(req)
+            .await
+            .map_err(|s| format!("watch refused ({:?}): {}", s.code(), s.message()))?
+            .into_inner();
+        metrics.connected.set(1);
+        let mut delivered = false;
+        loop {
+            let update = match stream.message().await {
+                Ok(Some(u)) => u,
+                Ok(None) => return Ok(delivered),
+                Err(s) => {
+                    return if delivered {
+                        Ok(true)
+                    } else {
+                        Err(format!("{:?}: {}", s.code(), s.message()))
+                    };
+                }
+            };
+            delivered = true;
+            metrics.updates.inc();
+            let snapshot = update.snapshot;
+            state.send_modify(|s| {
+                for bad in Arc::make_mut(s).apply(update) {
+                    metrics.invalid.inc();
+                    tracing::warn!(error = %bad, "ignoring a discovery resource");
+                }
+            });
+            tracing::debug!(snapshot, "discovery update applied");
+        }
+    }
+}

@@ -1,0 +1,157 @@
+use super::*;
+
+fn wl(ns: &str, name: &str, node: &str, ip: &str, meshed: bool) -> pb::Workload {
+    pb::Workload {
+        namespace: ns.into(),
+        name: name.into(),
+        node: node.into(),
+        ips: vec![ip.into()],
+        identity: format!("spiffe://cluster.local/ns/{ns}/sa/{name}"),
+        meshed,
+        opaque_ports: vec![pb::PortRange {
+            first: 3306,
+            last: 3306,
+        }],
+        ..Default::default()
+    }
+}
+
+fn svc() -> pb::Service {
+    pb::Service {
+        namespace: "shop".into(),
+        name: "web".into(),
+        cluster_ips: vec!["10.96.0.10".into()],
+        ports: vec![pb::ServicePort {
+            name: "http".into(),
+            port: 80,
+            protocol: "TCP".into(),
+        }],
+        endpoints: vec![
+            pb::Endpoint {
+                address: "10.1.0.5".into(),
+                ports: [("http".to_string(), 8080)].into(),
+                ready: true,
+                identity: "spiffe://cluster.local/ns/shop/sa/web".into(),
+                node: "node-a".into(),
+                meshed: true,
+                pod: "shop/web-0".into(),
+            },
+            pb::Endpoint {
+                address: "10.1.0.6".into(),
+                ports: [("http".to_string(), 8080)].into(),
+                ready: false,
+                ..Default::default()
+            },
+        ],
+    }
+}
+
+fn snapshot() -> pb::Update {
+    pb::Update {
+        snapshot: true,
+        workloads: vec![
+            wl("shop", "web-0", "node-a", "10.1.0.5", true),
+            wl("shop", "db-0", "node-b", "10.2.0.5", true),
+            wl("legacy", "app", "node-a", "10.1.0.9", false),
+        ],
+        services: vec![svc()],
+        ..Default::default()
+    }
+}
+
+#[test]
+fn snapshot_then_deltas() {
+    let mut s = DiscoveryState::default();
+    assert!(!s.synced);
+    assert!(s.apply(snapshot()).is_empty());
+    assert!(s.synced);
+    let local: Vec<_> = s
+        .local_workloads("node-a")
+        .iter()
+        .map(|w| w.key())
+        .collect();
+    assert_eq!(local, ["shop/web-0"], "only meshed pods of this node");
+    assert!(s
+        .workload_by_ip("10.1.0.5".parse().unwrap())
+        .unwrap()
+        .opaque_ports
+        .contains(3306));
+
+    s.apply(pb::Update {
+        removed_workloads: vec!["shop/web-0".into()],
+        ..Default::default()
+    });
+    assert!(s.local_workloads("node-a").is_empty());
+    assert!(
+        s.workload_by_ip("10.1.0.5".parse().unwrap()).is_none(),
+        "the IP index follows"
+    );
+
+    // A new snapshot replaces everything.
+    s.apply(pb::Update {
+        snapshot: true,
+        workloads: vec![wl("shop", "web-1", "node-a", "10.1.0.7", true)],
+        ..Default::default()
+    });
+    assert_eq!(s.workloads().count(), 1);
+    assert!(matches!(
+        s.resolve("10.96.0.10:80".parse().unwrap()),
+        Destination::Unknown(_)
+    ));
+}
+
+#[test]
+fn resolves_services_pods_and_the_unknown() {
+    let mut s = DiscoveryState::default();
+    s.apply(snapshot());
+    match s.resolve("10.96.0.10:80".parse().unwrap()) {
+        Destination::Service {
+            service,
+            port,
+            endpoints,
+        } => {
+            assert_eq!(service.name, "web");
+            assert_eq!(port.name, "http");
+            assert_eq!(endpoints.len(), 1, "not-ready endpoints are not used");
+            assert_eq!(endpoints[0].0, "10.1.0.5:8080".parse().unwrap());
+            assert_eq!(
+                endpoints[0].1.identity.as_ref().unwrap().to_string(),
+                "spiffe://cluster.local/ns/shop/sa/web"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    // A port the Service does not have is not the Service.
+    assert!(matches!(
+        s.resolve("10.96.0.10:81".parse().unwrap()),
+        Destination::Unknown(_)
+    ));
+    assert!(
+        matches!(s.resolve("10.2.0.5:5432".parse().unwrap()), Destination::Pod(w, _) if w.name == "db-0")
+    );
+    assert!(matches!(
+        s.resolve("192.0.2.1:443".parse().unwrap()),
+        Destination::Unknown(_)
+    ));
+}
+
+#[test]
+fn an_invalid_resource_is_skipped_and_reported_without_losing_the_rest() {
+    let mut s = DiscoveryState::default();
+    let mut update = snapshot();
+    update.workloads.push(pb::Workload {
+        namespace: "x".into(),
+        name: "bad".into(),
+        ips: vec!["not-an-ip".into()],
+        identity: "spiffe://cluster.local/ns/x/sa/y".into(),
+        ..Default::default()
+    });
+    let invalid = s.apply(update);
+    assert_eq!(invalid.len(), 1);
+    assert!(
+        invalid[0].to_string().contains("workload x/bad"),
+        "{}",
+        invalid[0]
+    );
+    assert_eq!(s.workloads().count(), 3);
+}
