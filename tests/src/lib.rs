@@ -44,6 +44,12 @@ impl ControlPlane {
     /// Starts a control plane whose cluster directory holds `cluster_yaml`, with node
     /// tokens for `nodes`.
     pub async fn start(cluster_yaml: &str, nodes: &[&str]) -> Self {
+        Self::start_at(cluster_yaml, nodes, "127.0.0.1:0".parse().unwrap()).await
+    }
+
+    /// As [`Self::start`], with the discovery service on `discovery_addr` (to restart a
+    /// control plane where proxies expect it).
+    pub async fn start_at(cluster_yaml: &str, nodes: &[&str], discovery_addr: SocketAddr) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let root = trust_anchor(
             "cluster.local",
@@ -85,7 +91,7 @@ impl ControlPlane {
             log: "info".into(),
         };
         let identity = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let discovery = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let discovery = tokio::net::TcpListener::bind(discovery_addr).await.unwrap();
         let admin = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let identity_addr = identity.local_addr().unwrap();
         let discovery_addr = discovery.local_addr().unwrap();

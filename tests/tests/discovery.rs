@@ -1,0 +1,190 @@
+//! Discovery end to end: the real control plane streams the local cluster state to the node
+//! proxy's discovery client — snapshot, deltas, outage, reconnection.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure
+
+use ambit_api::proto::discovery::discovery_client::DiscoveryClient as PbClient;
+use ambit_api::proto::discovery::WatchRequest;
+use ambit_e2e::{node_token, ControlPlane};
+use ambit_proxy::discovery::{Destination, DiscoveryClient, DiscoveryMetrics, DiscoveryState};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{oneshot, watch};
+
+const CLUSTER: &str = r#"
+apiVersion: v1
+kind: Namespace
+metadata: {name: shop, annotations: {ambit.dev/mesh: enabled, config.ambit.dev/opaque-ports: "5432"}}
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: web-0
+  namespace: shop
+  annotations: {local.ambit.dev/netns: /run/netns/web-0, config.ambit.dev/skip-outbound-ports: "9000-9010"}
+  labels: {pod-template-hash: 5d9f}
+  ownerReferences: [{apiVersion: apps/v1, kind: ReplicaSet, name: web-5d9f, uid: u1, controller: true}]
+spec: {nodeName: node-a, serviceAccountName: web, containers: [{name: app, image: web}]}
+status: {podIP: 10.1.0.5, phase: Running, conditions: [{type: Ready, status: "True"}]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: db-0, namespace: shop}
+spec: {nodeName: node-b, serviceAccountName: db, containers: [{name: app, image: db}]}
+status: {podIP: 10.2.0.5, phase: Running}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: db, namespace: shop}
+spec: {clusterIP: 10.96.0.20, ports: [{name: pg, port: 5432}]}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: db-1, namespace: shop, labels: {kubernetes.io/service-name: db}}
+addressType: IPv4
+ports: [{name: pg, port: 5432}]
+endpoints: [{addresses: [10.2.0.5], nodeName: node-b, targetRef: {kind: Pod, name: db-0, namespace: shop}}]
+"#;
+
+struct Proxy {
+    state: watch::Receiver<Arc<DiscoveryState>>,
+    stop: Option<oneshot::Sender<()>>,
+    registry: prometheus_client::registry::Registry,
+}
+
+fn start_client(url: String, node: &str) -> Proxy {
+    let (tx, rx) = watch::channel(Arc::new(DiscoveryState::default()));
+    let mut registry = prometheus_client::registry::Registry::default();
+    let metrics = DiscoveryMetrics::register(&mut registry);
+    let (stop, stopped) = oneshot::channel::<()>();
+    let client = DiscoveryClient::new(url, node_token(node), node.to_string());
+    tokio::spawn(client.run(tx, metrics, async move {
+        let _ = stopped.await;
+    }));
+    Proxy {
+        state: rx,
+        stop: Some(stop),
+        registry,
+    }
+}
+
+async fn until(p: &mut Proxy, what: &str, f: impl Fn(&DiscoveryState) -> bool) {
+    tokio::time::timeout(Duration::from_secs(15), p.state.wait_for(|s| f(s)))
+        .await
+        .unwrap_or_else(|_| panic!("timed out waiting for: {what}"))
+        .unwrap();
+}
+
+#[tokio::test]
+async fn snapshot_then_deltas_reach_the_proxy() {
+    let cp = ControlPlane::start(CLUSTER, &["node-a", "node-b"]).await;
+    let mut p = start_client(cp.discovery_url(), "node-a");
+    until(&mut p, "snapshot", |s| s.synced).await;
+    {
+        let s = p.state.borrow().clone();
+        let local = s.local_workloads("node-a");
+        assert_eq!(local.len(), 1);
+        let web = &local[0];
+        assert_eq!(
+            web.identity.to_string(),
+            "spiffe://cluster.local/ns/shop/sa/web"
+        );
+        assert_eq!(
+            web.netns.as_deref(),
+            Some(std::path::Path::new("/run/netns/web-0"))
+        );
+        assert_eq!(
+            web.workload, "web",
+            "a ReplicaSet's pod belongs to its Deployment"
+        );
+        assert!(
+            web.opaque_ports.contains(5432),
+            "namespace opaque-ports apply"
+        );
+        assert!(!web.opaque_ports.contains(3306), "and replace the defaults");
+        assert!(web.skip_outbound_ports.contains(9005));
+        match s.resolve("10.96.0.20:5432".parse().unwrap()) {
+            Destination::Service { endpoints, .. } => {
+                assert_eq!(endpoints.len(), 1);
+                let ep = &endpoints[0].1;
+                assert_eq!(
+                    ep.identity.as_ref().unwrap().to_string(),
+                    "spiffe://cluster.local/ns/shop/sa/db"
+                );
+                assert_eq!(ep.node, "node-b");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    // A new pod on node-a arrives as a delta.
+    let more = format!("{CLUSTER}---\napiVersion: v1\nkind: Pod\nmetadata: {{name: web-1, namespace: shop}}\nspec: {{nodeName: node-a, serviceAccountName: web, containers: []}}\nstatus: {{podIP: 10.1.0.6}}\n");
+    cp.set_cluster(&more);
+    until(&mut p, "web-1 delta", |s| {
+        s.local_workloads("node-a").len() == 2
+    })
+    .await;
+    // And its removal.
+    cp.set_cluster(CLUSTER);
+    until(&mut p, "web-1 removal", |s| {
+        s.local_workloads("node-a").len() == 1
+    })
+    .await;
+    let m = cp.metrics().await;
+    assert!(m.contains("discovery_streams 1"), "{m}");
+    p.stop.take().unwrap().send(()).unwrap();
+    cp.stop().await;
+}
+
+#[tokio::test]
+async fn the_proxy_keeps_its_state_while_the_control_plane_is_away_and_resyncs_after() {
+    let cp = ControlPlane::start(CLUSTER, &["node-a"]).await;
+    let addr = cp.discovery_addr;
+    let mut p = start_client(cp.discovery_url(), "node-a");
+    until(&mut p, "snapshot", |s| s.synced).await;
+    cp.stop().await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        p.state.borrow().local_workloads("node-a").len(),
+        1,
+        "state kept during the outage"
+    );
+
+    // A control plane comes back (same address) with web-0 gone: the snapshot replaces all.
+    let without_web = CLUSTER.replace("nodeName: node-a", "nodeName: node-c");
+    let cp = ControlPlane::start_at(&without_web, &["node-a"], addr).await;
+    until(&mut p, "resync", |s| s.local_workloads("node-a").is_empty()).await;
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &p.registry).unwrap();
+    assert!(!text.contains("discovery_reconnects_total 0"), "{text}");
+    p.stop.take().unwrap().send(()).unwrap();
+    cp.stop().await;
+}
+
+#[tokio::test]
+async fn a_proxy_may_only_watch_its_own_node() {
+    let cp = ControlPlane::start(CLUSTER, &["node-a", "node-b"]).await;
+    let mut client = PbClient::connect(cp.discovery_url()).await.unwrap();
+    let mut req = tonic::Request::new(WatchRequest {
+        node: "node-b".into(),
+    });
+    req.metadata_mut().insert(
+        "authorization",
+        format!("Bearer {}", node_token("node-a")).parse().unwrap(),
+    );
+    let s = client.watch(req).await.unwrap_err();
+    assert_eq!(s.code(), tonic::Code::PermissionDenied);
+    assert!(s.message().contains("belongs to node node-a"), "{s:?}");
+    let s = client
+        .watch(WatchRequest {
+            node: "node-a".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(s.code(), tonic::Code::Unauthenticated);
+    assert!(cp
+        .metrics()
+        .await
+        .contains("discovery_watches_refused_total 2"));
+    cp.stop().await;
+}
