@@ -9,11 +9,21 @@
 //! - [`tls`]: the trust bundle and the rustls verifiers that check a peer's chain and its
 //!   SPIFFE ID.
 //!
-//! The data path (in-pod listeners, the mesh tunnel, L7) and the proxy binary come next;
-//! see the project README for what works today.
+//! - [`config`]: flags and environment variables, validated up front.
+//! - [`app`]: wiring — discovery drives the identity manager; the admin server.
+//! - [`admin`]: `/metrics`, `/ready`, `/live`, and the loopback-only admin views
+//!   (`/config_dump`, `/log-level`, `/shutdown`).
+//! - [`logging`]: a log filter changeable at run time.
+//!
+//! The data path (in-pod listeners, the mesh tunnel, L7) comes next; see the project
+//! README for what works today.
 
+pub mod admin;
+pub mod app;
+pub mod config;
 pub mod discovery;
 pub mod identity;
+pub mod logging;
 pub mod tls;
 
 #[cfg(any(test, feature = "testing"))]

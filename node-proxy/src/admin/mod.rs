@@ -1,0 +1,146 @@
+//! The admin server (:4191). `/metrics`, `/ready` and `/live` answer anyone (kubelet and
+//! Prometheus scrape them over the node's network); the admin views — `/config_dump`,
+//! `/log-level`, `/shutdown` — answer loopback clients only.
+
+use crate::logging::LogLevel;
+use axum::body::Bytes;
+use axum::extract::{ConnectInfo, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use prometheus_client::registry::Registry;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+/// Whether the proxy is ready, and if not, why.
+pub type ReadyProbe = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
+/// The effective configuration and state, as JSON (never a private key or token).
+pub type ConfigDump = Arc<dyn Fn() -> serde_json::Value + Send + Sync>;
+
+/// What the admin handlers reach.
+#[derive(Clone)]
+pub struct Admin {
+    /// Metrics to expose.
+    pub registry: Arc<Registry>,
+    /// Readiness.
+    pub ready: ReadyProbe,
+    /// `/config_dump`.
+    pub dump: ConfigDump,
+    /// `/log-level`.
+    pub log_level: Arc<dyn LogLevel>,
+    /// Flipped by `POST /shutdown`.
+    pub shutdown: tokio::sync::watch::Sender<bool>,
+}
+
+impl std::fmt::Debug for Admin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Admin").finish_non_exhaustive()
+    }
+}
+
+/// The admin routes. Serve with `into_make_service_with_connect_info::<SocketAddr>()`:
+/// the admin views need the client's address.
+pub fn router(admin: Admin) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics))
+        .route("/ready", get(ready))
+        .route("/live", get(|| async { "live\n" }))
+        .route("/config_dump", get(config_dump))
+        .route("/log-level", get(get_log_level).put(put_log_level))
+        .route("/shutdown", axum::routing::post(shutdown))
+        .with_state(admin)
+}
+
+fn loopback_only(peer: SocketAddr) -> Result<(), Response> {
+    if peer.ip().is_loopback() {
+        Ok(())
+    } else {
+        Err((
+            StatusCode::FORBIDDEN,
+            "admin views answer loopback clients only; use `kubectl port-forward` or exec into the proxy\n",
+        )
+            .into_response())
+    }
+}
+
+async fn metrics(State(a): State<Admin>) -> Response {
+    let mut body = String::new();
+    match prometheus_client::encoding::text::encode(&mut body, &a.registry) {
+        Ok(()) => (
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            body,
+        )
+            .into_response(),
+        Err(e) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("encoding metrics: {e}\n"),
+        )
+            .into_response(),
+    }
+}
+
+async fn ready(State(a): State<Admin>) -> Response {
+    match (a.ready)() {
+        Ok(()) => (StatusCode::OK, "ready\n").into_response(),
+        Err(why) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: {why}\n"),
+        )
+            .into_response(),
+    }
+}
+
+async fn config_dump(
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    State(a): State<Admin>,
+) -> Response {
+    if let Err(r) = loopback_only(peer) {
+        return r;
+    }
+    let body = serde_json::to_string_pretty(&(a.dump)()).unwrap_or_default();
+    ([(header::CONTENT_TYPE, "application/json")], body + "\n").into_response()
+}
+
+async fn get_log_level(
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    State(a): State<Admin>,
+) -> Response {
+    if let Err(r) = loopback_only(peer) {
+        return r;
+    }
+    format!("{}\n", a.log_level.get()).into_response()
+}
+
+async fn put_log_level(
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    State(a): State<Admin>,
+    body: Bytes,
+) -> Response {
+    if let Err(r) = loopback_only(peer) {
+        return r;
+    }
+    let filter = String::from_utf8_lossy(&body).trim().to_string();
+    match a.log_level.set(&filter) {
+        Ok(()) => {
+            tracing::info!(%filter, "log filter changed");
+            format!("{filter}\n").into_response()
+        }
+        Err(e) => (StatusCode::BAD_REQUEST, format!("{e}\n")).into_response(),
+    }
+}
+
+async fn shutdown(ConnectInfo(peer): ConnectInfo<SocketAddr>, State(a): State<Admin>) -> Response {
+    if let Err(r) = loopback_only(peer) {
+        return r;
+    }
+    tracing::info!("shutdown requested on the admin server; draining");
+    a.shutdown.send_replace(true);
+    (StatusCode::ACCEPTED, "shutting down\n").into_response()
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,243 @@
+//! Wiring of the node proxy: configuration in, running services out.
+
+use crate::admin::{self, Admin};
+use crate::config::Config;
+use crate::discovery::{DiscoveryClient, DiscoveryMetrics, DiscoveryState};
+use crate::identity::{GrpcCaClient, IdentityConfig, IdentityManager, IdentityMetrics};
+use crate::logging::LogLevel;
+use crate::tls::TrustBundle;
+use ambit_api::WorkloadIdentity;
+use prometheus_client::registry::Registry;
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+/// Why the proxy cannot start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    /// Invalid flags or environment.
+    #[error("invalid configuration:\n  {}", .0.join("\n  "))]
+    Config(Vec<String>),
+    /// A file the proxy needs is unusable.
+    #[error("{0}")]
+    File(String),
+    /// The admin server failed.
+    #[error("admin server: {0}")]
+    Admin(String),
+}
+
+/// Runs the proxy until `shutdown` resolves or `POST /shutdown` is received, then drains.
+pub async fn run(
+    config: Config,
+    admin_listener: TcpListener,
+    log_level: Arc<dyn LogLevel>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), AppError> {
+    config.validate().map_err(AppError::Config)?;
+    let token = std::fs::read_to_string(&config.token_file)
+        .map_err(|e| AppError::File(format!("--token-file {}: {e}", config.token_file.display())))?
+        .trim()
+        .to_string();
+    if token.is_empty() {
+        return Err(AppError::File(format!(
+            "--token-file {}: the file is empty",
+            config.token_file.display()
+        )));
+    }
+    let anchors_pem = std::fs::read(&config.trust_anchors).map_err(|e| {
+        AppError::File(format!(
+            "--trust-anchors {}: {e}",
+            config.trust_anchors.display()
+        ))
+    })?;
+    let bundle = TrustBundle::from_pem(&anchors_pem, &config.trust_domain).map_err(|e| {
+        AppError::File(format!(
+            "--trust-anchors {}: {e}",
+            config.trust_anchors.display()
+        ))
+    })?;
+
+    let mut registry = Registry::default();
+    let identity_metrics = IdentityMetrics::register(&mut registry);
+    let discovery_metrics = DiscoveryMetrics::register(&mut registry);
+
+    let ca = GrpcCaClient::new(&config.identity_url, token.clone(), Duration::from_secs(10))
+        .map_err(|e| AppError::Config(vec![format!("--identity-url: {e}")]))?;
+    let identities =
+        IdentityManager::new(Arc::new(ca), IdentityConfig::default(), identity_metrics);
+
+    let (drain_tx, drain_rx) = watch::channel(false);
+    let drained = {
+        let rx = drain_rx.clone();
+        move || {
+            let mut rx = rx.clone();
+            async move {
+                let _ = rx.wait_for(|d| *d).await;
+            }
+        }
+    };
+
+    let (state_tx, state_rx) = watch::channel(Arc::new(DiscoveryState::default()));
+    let discovery = DiscoveryClient::new(
+        config.discovery_url.clone(),
+        token,
+        config.node_name.clone(),
+    );
+    let discovery_task = tokio::spawn(discovery.run(state_tx, discovery_metrics, drained()));
+    let reconcile_task = tokio::spawn(reconcile_identities(
+        identities.clone(),
+        state_rx.clone(),
+        config.node_name.clone(),
+        drained(),
+    ));
+
+    let admin = Admin {
+        registry: Arc::new(registry),
+        ready: ready_probe(identities.clone(), state_rx.clone()),
+        dump: config_dump(config.clone(), identities.clone(), state_rx, bundle),
+        log_level,
+        shutdown: drain_tx.clone(),
+    };
+    let app = admin::router(admin).into_make_service_with_connect_info::<SocketAddr>();
+    let admin_shutdown = drained();
+    let admin_task = tokio::spawn(async move {
+        axum::serve(admin_listener, app)
+            .with_graceful_shutdown(admin_shutdown)
+            .await
+    });
+    tracing::info!(config = %serde_json::to_string(&config).unwrap_or_default(), "ambit-proxy started");
+
+    tokio::select! {
+        _ = shutdown => {}
+        _ = drained() => {}
+    }
+    tracing::info!("draining");
+    drain_tx.send_replace(true);
+    let _ = discovery_task.await;
+    let _ = reconcile_task.await;
+    match admin_task.await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(AppError::Admin(e.to_string())),
+        Err(e) => Err(AppError::Admin(e.to_string())),
+    }
+}
+
+/// Keeps the identity manager's pods in line with discovery's view of this node: a new
+/// identity is fetched as soon as its first pod appears, and dropped with its last.
+pub async fn reconcile_identities(
+    identities: IdentityManager,
+    mut state: watch::Receiver<Arc<DiscoveryState>>,
+    node: String,
+    shutdown: impl Future<Output = ()>,
+) {
+    tokio::pin!(shutdown);
+    let mut known: BTreeMap<String, WorkloadIdentity> = BTreeMap::new();
+    loop {
+        let s = state.borrow_and_update().clone();
+        if s.synced {
+            let want: BTreeMap<_, _> = s
+                .local_workloads(&node)
+                .iter()
+                .map(|w| (w.key(), w.identity.clone()))
+                .collect();
+            for (pod, id) in &want {
+                if known.get(pod) != Some(id) {
+                    identities.pod_added(pod, id);
+                }
+            }
+            for pod in known.keys().filter(|p| !want.contains_key(*p)) {
+                identities.pod_removed(pod);
+            }
+            known = want;
+        }
+        tokio::select! {
+            _ = &mut shutdown => return,
+            changed = state.changed() => if changed.is_err() { return },
+        }
+    }
+}
+
+fn ready_probe(
+    identities: IdentityManager,
+    state: watch::Receiver<Arc<DiscoveryState>>,
+) -> admin::ReadyProbe {
+    Arc::new(move || {
+        if !state.borrow().synced {
+            return Err("discovery has not delivered a snapshot yet".into());
+        }
+        let missing: Vec<_> = identities
+            .status()
+            .into_iter()
+            .filter(|s| s.not_after.is_none())
+            .map(|s| s.identity.to_string())
+            .collect();
+        if missing.is_empty() {
+            Ok(())
+        } else {
+            Err(format!(
+                "no valid certificate yet for {}",
+                missing.join(", ")
+            ))
+        }
+    })
+}
+
+fn unix(t: SystemTime) -> u64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+fn config_dump(
+    config: Config,
+    identities: IdentityManager,
+    state: watch::Receiver<Arc<DiscoveryState>>,
+    bundle: TrustBundle,
+) -> admin::ConfigDump {
+    Arc::new(move || {
+        let s = state.borrow().clone();
+        let pods: Vec<_> = s
+            .local_workloads(&config.node_name)
+            .iter()
+            .map(|w| {
+                json!({
+                    "pod": w.key(),
+                    "uid": w.uid,
+                    "ips": w.ips,
+                    "identity": w.identity.to_string(),
+                    "workload": w.workload,
+                    "netns": w.netns,
+                    "opaque_ports": w.opaque_ports.to_string(),
+                    "skip_inbound_ports": w.skip_inbound_ports.to_string(),
+                    "skip_outbound_ports": w.skip_outbound_ports.to_string(),
+                })
+            })
+            .collect();
+        let ids: Vec<_> = identities
+            .status()
+            .into_iter()
+            .map(|st| {
+                json!({
+                    "identity": st.identity.to_string(),
+                    "pods": st.pods,
+                    "cert_not_after_unix": st.not_after.map(unix),
+                })
+            })
+            .collect();
+        json!({
+            "config": config,
+            "trust_anchors": bundle.anchors().len(),
+            "discovery": {
+                "synced": s.synced,
+                "workloads": s.workloads().count(),
+            },
+            "pods": pods,
+            "identities": ids,
+        })
+    })
+}

@@ -1,0 +1,96 @@
+//! Configuration of `ambit-proxy`: every flag has an environment variable, every value is
+//! checked before start-up, and all problems are reported at once.
+
+use ambit_api::DEFAULT_TRUST_DOMAIN;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+/// Environment variable names, in one place.
+pub mod env {
+    /// The node this proxy serves (the DaemonSet sets it from `spec.nodeName`).
+    pub const NODE_NAME: &str = "AMBIT_NODE_NAME";
+    /// Identity service URL.
+    pub const IDENTITY_URL: &str = "AMBIT_IDENTITY_URL";
+    /// Discovery service URL.
+    pub const DISCOVERY_URL: &str = "AMBIT_DISCOVERY_URL";
+    /// File holding the node credential.
+    pub const TOKEN_FILE: &str = "AMBIT_TOKEN_FILE";
+    /// PEM bundle of trust anchors.
+    pub const TRUST_ANCHORS: &str = "AMBIT_TRUST_ANCHORS";
+    /// Trust domain.
+    pub const TRUST_DOMAIN: &str = "AMBIT_TRUST_DOMAIN";
+    /// Admin listen address.
+    pub const ADMIN_ADDR: &str = "AMBIT_ADMIN_ADDR";
+    /// Log filter.
+    pub const LOG: &str = "AMBIT_LOG";
+}
+
+/// `ambit-proxy` configuration.
+#[derive(Clone, Debug, clap::Parser, serde::Serialize)]
+#[command(name = "ambit-proxy", version, about = "Ambit node proxy")]
+pub struct Config {
+    /// The node this proxy serves.
+    #[arg(long, env = env::NODE_NAME)]
+    pub node_name: String,
+    /// URL of the control plane's identity service.
+    #[arg(long, env = env::IDENTITY_URL, default_value = "http://ambit-control.ambit.svc:8080")]
+    pub identity_url: String,
+    /// URL of the control plane's discovery service.
+    #[arg(long, env = env::DISCOVERY_URL, default_value = "http://ambit-control.ambit.svc:8086")]
+    pub discovery_url: String,
+    /// File holding the node credential (its content is never logged or dumped).
+    #[arg(long, env = env::TOKEN_FILE, default_value = "/var/run/secrets/ambit/token")]
+    pub token_file: PathBuf,
+    /// PEM file of trust anchors (one or more roots).
+    #[arg(long, env = env::TRUST_ANCHORS)]
+    pub trust_anchors: PathBuf,
+    /// Trust domain of the mesh.
+    #[arg(long, env = env::TRUST_DOMAIN, default_value = DEFAULT_TRUST_DOMAIN)]
+    pub trust_domain: String,
+    /// Listen address of the admin server (/metrics, /ready, /live; admin views answer
+    /// loopback clients only).
+    #[arg(long, env = env::ADMIN_ADDR, default_value = "0.0.0.0:4191")]
+    pub admin_addr: SocketAddr,
+    /// Log filter, e.g. `info` or `ambit_proxy=debug`; changeable at run time with
+    /// `PUT /log-level`.
+    #[arg(long, env = env::LOG, default_value = "info")]
+    pub log: String,
+}
+
+impl Config {
+    /// Checks the values; returns every problem found, each naming its flag.
+    pub fn validate(&self) -> Result<(), Vec<String>> {
+        let mut errors = Vec::new();
+        if self.node_name.trim().is_empty() {
+            errors.push("--node-name: required (the DaemonSet sets it from spec.nodeName)".into());
+        }
+        for (flag, url) in [
+            ("--identity-url", &self.identity_url),
+            ("--discovery-url", &self.discovery_url),
+        ] {
+            if !(url.starts_with("http://") || url.starts_with("https://")) {
+                errors.push(format!("{flag}: {url:?} is not an http:// or https:// URL"));
+            }
+        }
+        if let Err(e) = ambit_api::WorkloadIdentity::new(&self.trust_domain, "ns", "sa") {
+            errors.push(format!("--trust-domain: {e}"));
+        }
+        if !self.token_file.is_file() {
+            errors.push(format!(
+                "--token-file: {} is not a readable file",
+                self.token_file.display()
+            ));
+        }
+        if !self.trust_anchors.is_file() {
+            errors.push(format!(
+                "--trust-anchors: {} is not a readable file",
+                self.trust_anchors.display()
+            ));
+        }
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(errors)
+        }
+    }
+}

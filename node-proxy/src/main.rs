@@ -1,0 +1,33 @@
+//! `ambit-proxy`: parse the configuration, start the node proxy, stop on SIGTERM.
+
+use ambit_proxy::config::Config;
+use anyhow::Context;
+use clap::Parser;
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let config = Config::parse();
+    let (subscriber, log_level) =
+        ambit_proxy::logging::subscriber(&config.log).map_err(anyhow::Error::msg)?;
+    tracing::subscriber::set_global_default(subscriber).context("installing the logger")?;
+    let admin = tokio::net::TcpListener::bind(config.admin_addr)
+        .await
+        .with_context(|| format!("binding the admin server to {}", config.admin_addr))?;
+    ambit_proxy::app::run(config, admin, log_level, shutdown_signal()).await?;
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
