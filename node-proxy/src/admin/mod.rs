@@ -52,11 +52,12 @@ pub fn router(admin: Admin) -> Router {
         .with_state(admin)
 }
 
-fn loopback_only(peer: SocketAddr) -> Result<(), Response> {
+/// `Some(403)` for a client that is not on loopback.
+fn loopback_only(peer: SocketAddr) -> Option<Response> {
     if peer.ip().is_loopback() {
-        Ok(())
+        None
     } else {
-        Err((
+        Some((
             StatusCode::FORBIDDEN,
             "admin views answer loopback clients only; use `kubectl port-forward` or exec into the proxy\n",
         )
@@ -98,7 +99,7 @@ async fn config_dump(
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     State(a): State<Admin>,
 ) -> Response {
-    if let Err(r) = loopback_only(peer) {
+    if let Some(r) = loopback_only(peer) {
         return r;
     }
     let body = serde_json::to_string_pretty(&(a.dump)()).unwrap_or_default();
@@ -109,7 +110,7 @@ async fn get_log_level(
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     State(a): State<Admin>,
 ) -> Response {
-    if let Err(r) = loopback_only(peer) {
+    if let Some(r) = loopback_only(peer) {
         return r;
     }
     format!("{}\n", a.log_level.get()).into_response()
@@ -120,7 +121,7 @@ async fn put_log_level(
     State(a): State<Admin>,
     body: Bytes,
 ) -> Response {
-    if let Err(r) = loopback_only(peer) {
+    if let Some(r) = loopback_only(peer) {
         return r;
     }
     let filter = String::from_utf8_lossy(&body).trim().to_string();
@@ -134,7 +135,7 @@ async fn put_log_level(
 }
 
 async fn shutdown(ConnectInfo(peer): ConnectInfo<SocketAddr>, State(a): State<Admin>) -> Response {
-    if let Err(r) = loopback_only(peer) {
+    if let Some(r) = loopback_only(peer) {
         return r;
     }
     tracing::info!("shutdown requested on the admin server; draining");
