@@ -11,8 +11,9 @@ cd "$(dirname "$0")/.."
 log() { printf '\n==> %s\n' "$*"; }
 
 # --- Debian packages -----------------------------------------------------------------
-# protobuf-compiler: tonic/prost code generation; openssl: chain checks in the tests.
-packages=(protobuf-compiler openssl)
+# protobuf-compiler: tonic/prost code generation; openssl: chain checks in the tests;
+# iproute2 and nftables: the network-namespace tests (pods as netns, redirection rules).
+packages=(protobuf-compiler openssl iproute2 nftables)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -28,6 +29,11 @@ fi
 for c in rustfmt clippy; do
     rustup component list --installed 2>/dev/null | grep -q "^$c" || rustup component add "$c"
 done
+
+if [ "$(id -u)" != 0 ]; then
+    echo "the network-namespace tests need root (as on the developer machines and in CI)" >&2
+    exit 1
+fi
 
 # --- Checks --------------------------------------------------------------------------
 log "cargo fmt --check"

@@ -65,6 +65,7 @@ pub async fn run(
     let mut registry = Registry::default();
     let identity_metrics = IdentityMetrics::register(&mut registry);
     let discovery_metrics = DiscoveryMetrics::register(&mut registry);
+    let tcp_metrics = crate::proxy::TcpMetrics::register(&mut registry);
 
     let ca = GrpcCaClient::new(&config.identity_url, token.clone(), Duration::from_secs(10))
         .map_err(|e| AppError::Config(vec![format!("--identity-url: {e}")]))?;
@@ -96,6 +97,18 @@ pub async fn run(
         drained(),
     ));
 
+    let pods_task = tokio::spawn(crate::proxy::serve_pods(
+        crate::proxy::Shared {
+            identities: identities.clone(),
+            state: state_rx.clone(),
+            bundle: bundle.clone(),
+            pool: crate::proxy::TunnelPool::default(),
+            metrics: tcp_metrics,
+        },
+        config.node_name.clone(),
+        drained(),
+    ));
+
     let admin = Admin {
         registry: Arc::new(registry),
         ready: ready_probe(identities.clone(), state_rx.clone()),
@@ -120,6 +133,7 @@ pub async fn run(
     drain_tx.send_replace(true);
     let _ = discovery_task.await;
     let _ = reconcile_task.await;
+    let _ = pods_task.await;
     match admin_task.await {
         Ok(Ok(())) => Ok(()),
         Ok(Err(e)) => Err(AppError::Admin(e.to_string())),

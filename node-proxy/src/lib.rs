@@ -24,6 +24,8 @@ pub mod config;
 pub mod discovery;
 pub mod identity;
 pub mod logging;
+pub mod netns;
+pub mod proxy;
 pub mod tls;
 
 #[cfg(any(test, feature = "testing"))]

@@ -5,8 +5,11 @@
 //!
 //! - [`ControlPlane`]: PKI, cluster directory, node tokens, and the running control plane.
 //! - [`http_get`]: a minimal HTTP/1.1 GET for the admin endpoints.
+//! - [`netns`]: pods as network namespaces on a bridge, removed on drop; redirect rules.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+pub mod netns;
 
 use ambit_control::config::{Backend, Config};
 use ambit_control::pki::generate::{issuer, trust_anchor, CaMaterial, Validity};
@@ -183,4 +186,72 @@ pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
         .map(|(_, b)| b.to_string())
         .unwrap_or_default();
     (code, body)
+}
+
+/// A node proxy running in this process.
+#[derive(Debug)]
+pub struct NodeProxy {
+    /// Its admin address.
+    pub admin_addr: SocketAddr,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<()>>,
+}
+
+impl NodeProxy {
+    /// Starts the proxy of `node` against `cp` and waits for it to be ready.
+    pub async fn start(cp: &ControlPlane, node: &str) -> Self {
+        let token_file = cp.dir.path().join(format!("{node}.token"));
+        std::fs::write(&token_file, node_token(node)).unwrap();
+        let config = ambit_proxy::config::Config {
+            node_name: node.into(),
+            identity_url: cp.identity_url(),
+            discovery_url: cp.discovery_url(),
+            token_file,
+            trust_anchors: cp.dir.path().join("root.crt"),
+            trust_domain: "cluster.local".into(),
+            admin_addr: "127.0.0.1:0".parse().unwrap(),
+            log: "info".into(),
+        };
+        let admin = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let admin_addr = admin.local_addr().unwrap();
+        let (_, log_level) = ambit_proxy::logging::subscriber("info").unwrap();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            ambit_proxy::app::run(config, admin, log_level, async move {
+                let _ = stopped.await;
+            })
+            .await
+            .unwrap();
+        });
+        let p = Self {
+            admin_addr,
+            stop: Some(stop),
+            task: Some(task),
+        };
+        for _ in 0..500 {
+            if http_get(admin_addr, "/ready").await.0 == 200 {
+                return p;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!(
+            "proxy of {node} not ready: {:?}",
+            http_get(admin_addr, "/ready").await
+        );
+    }
+
+    /// The `/metrics` text.
+    pub async fn metrics(&self) -> String {
+        http_get(self.admin_addr, "/metrics").await.1
+    }
+
+    /// Stops the proxy and waits for it to drain.
+    pub async fn stop(mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(t) = self.task.take() {
+            t.await.unwrap();
+        }
+    }
 }

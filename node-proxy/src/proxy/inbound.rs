@@ -1,0 +1,235 @@
+//! Inbound: the mesh tunnel (4143, mTLS + HTTP/2 CONNECT) and plaintext capture (4144).
+
+use super::{
+    accept_loop, relay, PodContext, ProxyError, Shared, TcpLabels, ERROR_HEADER, PROXY_MARK,
+};
+use crate::netns::original_dst;
+use crate::tls::{svid_identity, SpiffeClientVerifier};
+use ambit_api::WorkloadIdentity;
+use bytes::Bytes;
+use http_body_util::Empty;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::sign::CertifiedKey;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio_rustls::TlsAcceptor;
+
+/// How long a client may take to complete the TLS handshake.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Presents the pod's current certificate; none (and so no handshake) while it has none.
+#[derive(Debug)]
+struct PodCert {
+    shared: Shared,
+    identity: WorkloadIdentity,
+}
+
+impl ResolvesServerCert for PodCert {
+    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        self.shared
+            .identities
+            .current(&self.identity)
+            .map(|c| c.certified_key())
+    }
+}
+
+fn acceptor(pod: &PodContext, shared: &Shared) -> Result<TlsAcceptor, rustls::Error> {
+    let mut config = rustls::ServerConfig::builder_with_provider(crate::tls::provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])?
+        .with_client_cert_verifier(Arc::new(SpiffeClientVerifier::new(shared.bundle.clone())))
+        .with_cert_resolver(Arc::new(PodCert {
+            shared: shared.clone(),
+            identity: pod.workload.identity.clone(),
+        }));
+    config.alpn_protocols = vec![crate::tls::MESH_ALPN.to_vec()];
+    Ok(TlsAcceptor::from(Arc::new(config)))
+}
+
+pub(super) async fn serve_mesh(
+    listener: TcpListener,
+    pod: Arc<PodContext>,
+    shared: Shared,
+    stop: watch::Receiver<bool>,
+) {
+    let acceptor = match acceptor(&pod, &shared) {
+        Ok(a) => a,
+        Err(error) => {
+            tracing::error!(%error, "cannot build the mesh TLS server");
+            return;
+        }
+    };
+    accept_loop(listener, stop, move |stream, peer| {
+        let (pod, shared, acceptor) = (pod.clone(), shared.clone(), acceptor.clone());
+        async move {
+            if let Err(error) = mesh_connection(stream, peer, &pod, &shared, acceptor).await {
+                shared.metrics.error("inbound", error.kind());
+                tracing::info!(pod = %pod.workload.key(), %peer, %error, "mesh connection refused");
+            }
+        }
+    })
+    .await;
+}
+
+async fn mesh_connection(
+    tcp: TcpStream,
+    peer: SocketAddr,
+    pod: &Arc<PodContext>,
+    shared: &Shared,
+    acceptor: TlsAcceptor,
+) -> Result<(), ProxyError> {
+    let tls = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp))
+        .await
+        .map_err(|_| ProxyError::Client(format!("TLS handshake from {peer} timed out")))?
+        .map_err(|e| ProxyError::Identity(format!("TLS handshake from {peer}: {e}")))?;
+    let client_id = tls
+        .get_ref()
+        .1
+        .peer_certificates()
+        .and_then(|c| c.first())
+        .map(svid_identity)
+        .ok_or_else(|| ProxyError::Identity("no client certificate".into()))?
+        .map_err(|e| ProxyError::Identity(e.to_string()))?;
+    let service = {
+        let (pod, shared, client_id) = (pod.clone(), shared.clone(), client_id.clone());
+        service_fn(move |req| {
+            let (pod, shared, client_id) = (pod.clone(), shared.clone(), client_id.clone());
+            async move {
+                Ok::<_, std::convert::Infallible>(connect_stream(req, pod, shared, client_id).await)
+            }
+        })
+    };
+    hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+        .serve_connection(TokioIo::new(tls), service)
+        .await
+        .map_err(|e| ProxyError::Client(format!("HTTP/2 from {peer} ({client_id}): {e}")))
+}
+
+fn refuse(status: http::StatusCode, cause: &str) -> http::Response<Empty<Bytes>> {
+    let mut resp = http::Response::new(Empty::new());
+    *resp.status_mut() = status;
+    if let Ok(v) = http::HeaderValue::from_str(cause) {
+        resp.headers_mut().insert(ERROR_HEADER, v);
+    }
+    resp
+}
+
+/// Handles one CONNECT stream: connect to the target inside the pod, then relay.
+async fn connect_stream(
+    req: http::Request<hyper::body::Incoming>,
+    pod: Arc<PodContext>,
+    shared: Shared,
+    client_id: WorkloadIdentity,
+) -> http::Response<Empty<Bytes>> {
+    if req.method() != http::Method::CONNECT {
+        return refuse(
+            http::StatusCode::METHOD_NOT_ALLOWED,
+            "the mesh tunnel carries CONNECT streams only",
+        );
+    }
+    let target: Option<SocketAddr> = req.uri().authority().and_then(|a| a.as_str().parse().ok());
+    let Some(target) = target else {
+        return refuse(
+            http::StatusCode::BAD_REQUEST,
+            "CONNECT authority must be ip:port",
+        );
+    };
+    // Only this pod's own addresses: the tunnel is not an open proxy.
+    if !pod.workload.ips.contains(&target.ip()) {
+        shared.metrics.error("inbound", "client");
+        return refuse(
+            http::StatusCode::FORBIDDEN,
+            "target is not an address of this pod",
+        );
+    }
+    let mut server = match pod.netns.connect(target, PROXY_MARK).await {
+        Ok(s) => s,
+        Err(e) => {
+            shared.metrics.error("inbound", "upstream");
+            let status = if e.kind() == std::io::ErrorKind::ConnectionRefused {
+                http::StatusCode::BAD_GATEWAY
+            } else {
+                http::StatusCode::SERVICE_UNAVAILABLE
+            };
+            return refuse(status, &format!("connecting to {target} in the pod: {e}"));
+        }
+    };
+    let w = &pod.workload;
+    let labels = TcpLabels {
+        direction: "inbound".into(),
+        namespace: w.namespace.clone(),
+        pod: w.name.clone(),
+        workload: w.workload.clone(),
+        peer_id: client_id.to_string(),
+        tls: "true".into(),
+    };
+    tokio::spawn(async move {
+        match hyper::upgrade::on(req).await {
+            Ok(upgraded) => {
+                shared.metrics.opened(&labels);
+                let (read, written) = relay(&mut TokioIo::new(upgraded), &mut server).await;
+                shared.metrics.closed(&labels, read, written);
+            }
+            Err(error) => tracing::debug!(%error, "CONNECT stream closed before it opened"),
+        }
+    });
+    http::Response::new(Empty::new())
+}
+
+pub(super) async fn serve_plain(
+    listener: TcpListener,
+    pod: Arc<PodContext>,
+    shared: Shared,
+    stop: watch::Receiver<bool>,
+) {
+    accept_loop(listener, stop, move |stream, peer| {
+        let (pod, shared) = (pod.clone(), shared.clone());
+        async move {
+            if let Err(error) = plain_connection(stream, &pod, &shared).await {
+                shared.metrics.error("inbound", error.kind());
+                tracing::info!(pod = %pod.workload.key(), %peer, %error, "plaintext inbound connection failed");
+            }
+        }
+    })
+    .await;
+}
+
+/// Plaintext from outside the mesh: allowed until authorization policy exists.
+async fn plain_connection(
+    mut client: TcpStream,
+    pod: &PodContext,
+    shared: &Shared,
+) -> Result<(), ProxyError> {
+    let target = original_dst(&client).map_err(|e| {
+        ProxyError::Client(format!(
+            "no original destination (was the connection redirected?): {e}"
+        ))
+    })?;
+    if !pod.workload.ips.contains(&target.ip()) || target.port() == super::INBOUND_PLAIN_PORT {
+        return Err(ProxyError::Client(format!(
+            "{target} is not a destination in this pod"
+        )));
+    }
+    let mut server = pod
+        .netns
+        .connect(target, PROXY_MARK)
+        .await
+        .map_err(|e| ProxyError::Upstream(format!("connecting to {target} in the pod: {e}")))?;
+    let w = &pod.workload;
+    let labels = TcpLabels {
+        direction: "inbound".into(),
+        namespace: w.namespace.clone(),
+        pod: w.name.clone(),
+        workload: w.workload.clone(),
+        peer_id: String::new(),
+        tls: "no_identity".into(),
+    };
+    shared.metrics.opened(&labels);
+    let (read, written) = relay(&mut client, &mut server).await;
+    shared.metrics.closed(&labels, read, written);
+    Ok(())
+}

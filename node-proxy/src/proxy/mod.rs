@@ -1,0 +1,218 @@
+//! The data path: listeners inside each meshed pod's network namespace.
+//!
+//! | port | what |
+//! |---|---|
+//! | 4140 | outbound: the pod's connections, redirected here, go to their original destination — through the mesh tunnel when it is a meshed pod, directly otherwise |
+//! | 4143 | inbound mTLS: the mesh tunnel from other proxies; CONNECT streams are delivered to the pod |
+//! | 4144 | inbound plaintext: clients outside the mesh, redirected here |
+//!
+//! Today every connection is proxied as opaque TCP; protocol detection and HTTP-aware
+//! proxying come next.
+
+mod inbound;
+mod metrics;
+mod outbound;
+mod tunnel;
+
+pub use metrics::{TcpLabels, TcpMetrics};
+pub use tunnel::TunnelPool;
+
+use crate::discovery::{DiscoveryState, Workload};
+use crate::identity::IdentityManager;
+use crate::netns::Netns;
+use crate::tls::TrustBundle;
+use std::collections::BTreeMap;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use tokio::sync::watch;
+
+/// Outbound capture port.
+pub const OUTBOUND_PORT: u16 = 4140;
+/// Inbound mTLS (mesh tunnel) port.
+pub const MESH_PORT: u16 = 4143;
+/// Inbound plaintext capture port.
+pub const INBOUND_PLAIN_PORT: u16 = 4144;
+/// `SO_MARK` on every socket the proxy opens in a pod, so that redirection skips them.
+pub const PROXY_MARK: u32 = 0x0a3b_0000;
+/// Response header naming why the proxy failed a request, as Linkerd's `l5d-proxy-error`.
+pub const ERROR_HEADER: &str = "ambit-proxy-error";
+
+/// Why a proxied connection failed, and whose fault it was.
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    /// The peer could not be reached or refused.
+    #[error("upstream: {0}")]
+    Upstream(String),
+    /// An identity could not be proven or was not the expected one.
+    #[error("identity: {0}")]
+    Identity(String),
+    /// The client asked for something not allowed.
+    #[error("client: {0}")]
+    Client(String),
+    /// Our own failure.
+    #[error("internal: {0}")]
+    Internal(String),
+}
+
+impl ProxyError {
+    /// A short label for `tcp_errors_total{error}`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ProxyError::Upstream(_) => "upstream",
+            ProxyError::Identity(_) => "identity",
+            ProxyError::Client(_) => "client",
+            ProxyError::Internal(_) => "internal",
+        }
+    }
+}
+
+/// What every pod's listeners share.
+#[derive(Clone, Debug)]
+pub struct Shared {
+    /// Certificates of the local identities.
+    pub identities: IdentityManager,
+    /// The cluster as discovery knows it.
+    pub state: watch::Receiver<Arc<DiscoveryState>>,
+    /// Trust anchors.
+    pub bundle: TrustBundle,
+    /// Pooled tunnels.
+    pub pool: TunnelPool,
+    /// TCP metrics.
+    pub metrics: TcpMetrics,
+}
+
+/// One meshed pod served by this proxy.
+#[derive(Debug)]
+pub struct PodContext {
+    /// The pod.
+    pub workload: Arc<Workload>,
+    /// Its network namespace.
+    pub netns: Netns,
+}
+
+struct Running {
+    workload: Arc<Workload>,
+    stop: watch::Sender<bool>,
+}
+
+/// Opens listeners in each local pod's netns as pods arrive, closes them as pods leave.
+pub async fn serve_pods(
+    shared: Shared,
+    node: String,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
+    tokio::pin!(shutdown);
+    let mut state = shared.state.clone();
+    let mut running: BTreeMap<String, Running> = BTreeMap::new();
+    loop {
+        let s = state.borrow_and_update().clone();
+        let want: BTreeMap<String, Arc<Workload>> = s
+            .local_workloads(&node)
+            .into_iter()
+            .filter(|w| w.netns.is_some())
+            .map(|w| (w.key(), w))
+            .collect();
+        running.retain(|key, r| {
+            let keep = want
+                .get(key)
+                .is_some_and(|w| w.netns == r.workload.netns && w.ips == r.workload.ips);
+            if !keep {
+                tracing::info!(pod = %key, "pod left; closing its listeners");
+                r.stop.send_replace(true);
+            }
+            keep
+        });
+        for (key, w) in want {
+            if running.contains_key(&key) {
+                continue;
+            }
+            match start_pod(&shared, w.clone()).await {
+                Ok(stop) => {
+                    running.insert(key, Running { workload: w, stop });
+                }
+                Err(error) => {
+                    tracing::error!(pod = %key, %error, "cannot open listeners in the pod's network namespace")
+                }
+            }
+        }
+        tokio::select! {
+            _ = &mut shutdown => break,
+            changed = state.changed() => if changed.is_err() { break },
+        }
+    }
+    for r in running.values() {
+        r.stop.send_replace(true);
+    }
+}
+
+async fn start_pod(
+    shared: &Shared,
+    workload: Arc<Workload>,
+) -> std::io::Result<watch::Sender<bool>> {
+    let path = workload.netns.clone().unwrap_or_default();
+    let netns = Netns::open(&path)?;
+    let any = |port| SocketAddr::from((Ipv4Addr::UNSPECIFIED, port));
+    let outbound = netns.bind(any(OUTBOUND_PORT)).await?;
+    let mesh = netns.bind(any(MESH_PORT)).await?;
+    let plain = netns.bind(any(INBOUND_PLAIN_PORT)).await?;
+    tracing::info!(pod = %workload.key(), netns = %path.display(), "listening in the pod: 4140 outbound, 4143 mesh, 4144 plaintext");
+    let pod = Arc::new(PodContext { workload, netns });
+    let (stop, stopped) = watch::channel(false);
+    tokio::spawn(outbound::serve(
+        outbound,
+        pod.clone(),
+        shared.clone(),
+        stopped.clone(),
+    ));
+    tokio::spawn(inbound::serve_mesh(
+        mesh,
+        pod.clone(),
+        shared.clone(),
+        stopped.clone(),
+    ));
+    tokio::spawn(inbound::serve_plain(plain, pod, shared.clone(), stopped));
+    Ok(stop)
+}
+
+/// Copies both ways until both sides have closed, passing half-closes through; returns
+/// the bytes read from and written to `client`.
+pub async fn relay<A, B>(client: &mut A, server: &mut B) -> (u64, u64)
+where
+    A: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + ?Sized,
+    B: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + ?Sized,
+{
+    match tokio::io::copy_bidirectional(client, server).await {
+        Ok((from_client, to_client)) => (from_client, to_client),
+        Err(error) => {
+            tracing::debug!(%error, "connection ended with an error");
+            (0, 0)
+        }
+    }
+}
+
+/// Accepts until `stop` turns true, spawning `handle` per connection.
+pub(crate) async fn accept_loop<F, Fut>(
+    listener: tokio::net::TcpListener,
+    mut stop: watch::Receiver<bool>,
+    handle: F,
+) where
+    F: Fn(tokio::net::TcpStream, SocketAddr) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    loop {
+        tokio::select! {
+            _ = async { drop(stop.wait_for(|s| *s).await) } => return,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, peer)) => {
+                    let _ = stream.set_nodelay(true);
+                    tokio::spawn(handle(stream, peer));
+                }
+                Err(error) => {
+                    // EMFILE and friends: back off briefly rather than spin.
+                    tracing::warn!(%error, "accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
+            },
+        }
+    }
+}

@@ -1,0 +1,123 @@
+//! The mesh tunnel, client side: mTLS to the destination pod's 4143 listener, HTTP/2 on
+//! top, one CONNECT stream per proxied connection. HTTP/2 connections are pooled per
+//! (source identity, destination pod address), so a new TCP connection through the mesh
+//! costs one stream, not a TCP and TLS handshake.
+
+use super::{ProxyError, MESH_PORT, PROXY_MARK};
+use crate::netns::Netns;
+use crate::tls::{self, TrustBundle};
+use ambit_api::WorkloadIdentity;
+use bytes::Bytes;
+use http_body_util::Empty;
+use hyper::client::conn::http2::SendRequest;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use rustls::sign::CertifiedKey;
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex, PoisonError};
+use tokio_rustls::TlsConnector;
+
+type Sender = SendRequest<Empty<Bytes>>;
+
+/// Pooled HTTP/2-over-mTLS connections to peer proxies.
+#[derive(Clone, Default)]
+pub struct TunnelPool {
+    conns: Arc<Mutex<HashMap<(WorkloadIdentity, IpAddr), Sender>>>,
+}
+
+impl std::fmt::Debug for TunnelPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TunnelPool").finish_non_exhaustive()
+    }
+}
+
+/// One end-to-end tunnel request.
+pub(super) struct Tunnel<'a> {
+    /// The source pod's netns: the TCP connection leaves from it, with the pod's IP.
+    pub netns: &'a Netns,
+    /// The source workload's identity and certificate.
+    pub source: (&'a WorkloadIdentity, Arc<CertifiedKey>),
+    /// The identity the destination must prove.
+    pub expected: WorkloadIdentity,
+    /// The destination pod IP (its proxy listens on 4143 there).
+    pub peer: IpAddr,
+    /// The original destination inside that pod.
+    pub target: SocketAddr,
+    /// Trust anchors.
+    pub bundle: &'a TrustBundle,
+}
+
+impl TunnelPool {
+    /// Opens a CONNECT stream to `t.target` through the peer proxy, reusing a pooled
+    /// connection when one is ready.
+    pub(super) async fn open(&self, t: Tunnel<'_>) -> Result<hyper::upgrade::Upgraded, ProxyError> {
+        let key = (t.source.0.clone(), t.peer);
+        let pooled = {
+            let conns = self.conns.lock().unwrap_or_else(PoisonError::into_inner);
+            conns.get(&key).filter(|s| s.is_ready()).cloned()
+        };
+        let mut sender = match pooled {
+            Some(s) => s,
+            None => {
+                let s = connect(&t).await?;
+                self.conns
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .insert(key, s.clone());
+                s
+            }
+        };
+        let req = http::Request::builder()
+            .method(http::Method::CONNECT)
+            .uri(t.target.to_string())
+            .body(Empty::<Bytes>::new())
+            .map_err(|e| ProxyError::Internal(e.to_string()))?;
+        let resp = sender
+            .send_request(req)
+            .await
+            .map_err(|e| ProxyError::Upstream(format!("tunnel request to {}: {e}", t.peer)))?;
+        if resp.status() != http::StatusCode::OK {
+            let cause = resp
+                .headers()
+                .get(super::ERROR_HEADER)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("no reason given")
+                .to_string();
+            return Err(ProxyError::Upstream(format!(
+                "peer proxy at {} answered {} for {}: {cause}",
+                t.peer,
+                resp.status(),
+                t.target
+            )));
+        }
+        hyper::upgrade::on(resp)
+            .await
+            .map_err(|e| ProxyError::Upstream(format!("tunnel upgrade: {e}")))
+    }
+}
+
+async fn connect(t: &Tunnel<'_>) -> Result<Sender, ProxyError> {
+    let addr = SocketAddr::new(t.peer, MESH_PORT);
+    let tcp = t.netns.connect(addr, PROXY_MARK).await.map_err(|e| {
+        ProxyError::Upstream(format!("connecting to the peer proxy at {addr}: {e}"))
+    })?;
+    let config = tls::client_config(t.bundle, t.source.1.clone(), vec![t.expected.clone()])
+        .map_err(|e| ProxyError::Internal(e.to_string()))?;
+    let name = rustls_pki_types::ServerName::IpAddress(t.peer.into());
+    let stream = TlsConnector::from(Arc::new(config))
+        .connect(name, tcp)
+        .await
+        .map_err(|e| {
+            ProxyError::Identity(format!("mTLS with {addr} (expecting {}): {e}", t.expected))
+        })?;
+    let (sender, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+        .handshake(TokioIo::new(stream))
+        .await
+        .map_err(|e| ProxyError::Upstream(format!("HTTP/2 with {addr}: {e}")))?;
+    tokio::spawn(async move {
+        if let Err(error) = conn.await {
+            tracing::debug!(%error, "tunnel connection ended");
+        }
+    });
+    Ok(sender)
+}

@@ -1,0 +1,277 @@
+//! The data path end to end, in network namespaces: pods on two nodes, one node proxy per
+//! node listening inside its pods, the real control plane, nftables redirection in the
+//! pods (eBPF comes with the redirection issue). Run as root.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure
+
+use ambit_e2e::netns::{Topology, INBOUND_REDIRECT, OUTBOUND_REDIRECT};
+use ambit_e2e::{ControlPlane, NodeProxy};
+use ambit_proxy::netns::Netns;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+fn cluster(t: &Topology) -> String {
+    let (client, server, outsider) = (t.pod("client"), t.pod("server"), t.pod("outsider"));
+    format!(
+        r#"
+apiVersion: v1
+kind: Namespace
+metadata: {{name: shop, annotations: {{ambit.dev/mesh: enabled}}}}
+---
+apiVersion: v1
+kind: Namespace
+metadata: {{name: legacy}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: client, namespace: shop, annotations: {{local.ambit.dev/netns: {}}}}}
+spec: {{nodeName: node-a, serviceAccountName: client, containers: []}}
+status: {{podIP: {}, phase: Running}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: server, namespace: shop, annotations: {{local.ambit.dev/netns: {}}}}}
+spec: {{nodeName: node-b, serviceAccountName: server, containers: []}}
+status: {{podIP: {}, phase: Running}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: outsider, namespace: legacy}}
+spec: {{nodeName: node-a, containers: []}}
+status: {{podIP: {}, phase: Running}}
+---
+apiVersion: v1
+kind: Service
+metadata: {{name: server, namespace: shop}}
+spec: {{clusterIP: 10.96.0.7, ports: [{{name: echo, port: 80}}]}}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {{name: server-1, namespace: shop, labels: {{kubernetes.io/service-name: server}}}}
+addressType: IPv4
+ports: [{{name: echo, port: 7000}}]
+endpoints: [{{addresses: [{}], targetRef: {{kind: Pod, name: server, namespace: shop}}}}]
+"#,
+        client.path(),
+        client.ip,
+        server.path(),
+        server.ip,
+        outsider.ip,
+        server.ip
+    )
+}
+
+/// An echo server inside `netns` on :7000 that records each client's address.
+async fn echo_server(netns: &Netns) -> Arc<Mutex<Vec<SocketAddr>>> {
+    let listener = netns.bind("0.0.0.0:7000".parse().unwrap()).await.unwrap();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let record = seen.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut s, peer)) = listener.accept().await else {
+                return;
+            };
+            record.lock().unwrap().push(peer);
+            tokio::spawn(async move {
+                let (mut r, mut w) = s.split();
+                let _ = tokio::io::copy(&mut r, &mut w).await;
+                let _ = w.shutdown().await;
+            });
+        }
+    });
+    seen
+}
+
+/// Connects from inside `netns` as an unmodified application would (no mark), sends
+/// `payload`, half-closes, and reads the echo to the end.
+async fn echo_through(netns: &Netns, dst: SocketAddr, payload: &[u8]) -> std::io::Result<Vec<u8>> {
+    let mut s = tokio::time::timeout(Duration::from_secs(10), netns.connect(dst, 0)).await??;
+    let (mut r, mut w) = s.split();
+    let send = async {
+        w.write_all(payload).await?;
+        w.shutdown().await
+    };
+    let mut got = Vec::new();
+    let recv = r.read_to_end(&mut got);
+    let (sent, received) =
+        tokio::time::timeout(Duration::from_secs(20), async { tokio::join!(send, recv) }).await?;
+    sent?;
+    received?;
+    Ok(got)
+}
+
+fn payload(n: usize) -> Vec<u8> {
+    (0..n).map(|_| fastrand_byte()).collect()
+}
+
+fn fastrand_byte() -> u8 {
+    use std::cell::Cell;
+    thread_local!(static S: Cell<u64> = const { Cell::new(0x2545_f491_4f6c_dd1d) });
+    S.with(|s| {
+        let mut x = s.get();
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        s.set(x);
+        (x >> 24) as u8
+    })
+}
+
+fn metric_line<'a>(metrics: &'a str, name: &str, labels: &[&str]) -> Option<&'a str> {
+    metrics
+        .lines()
+        .find(|l| l.starts_with(name) && labels.iter().all(|want| l.contains(want)))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn meshed_pods_talk_through_both_proxies_with_mutual_tls() {
+    let t = Topology::new(&["client", "server", "outsider"]);
+    t.pod("client").nft(OUTBOUND_REDIRECT);
+    t.pod("server").nft(INBOUND_REDIRECT);
+    let cp = ControlPlane::start(&cluster(&t), &["node-a", "node-b"]).await;
+    let (a, b) = (
+        NodeProxy::start(&cp, "node-a").await,
+        NodeProxy::start(&cp, "node-b").await,
+    );
+    let client_ns = Netns::open(std::path::Path::new(&t.pod("client").path())).unwrap();
+    let server_ns = Netns::open(std::path::Path::new(&t.pod("server").path())).unwrap();
+    let outsider_ns = Netns::open(std::path::Path::new(&t.pod("outsider").path())).unwrap();
+    let seen = echo_server(&server_ns).await;
+    let server_ip = t.pod("server").ip;
+
+    // By pod IP, and by the Service's ClusterIP (resolved to the endpoint by the proxy).
+    let data = payload(1 << 20);
+    for dst in [
+        SocketAddr::from((server_ip, 7000)),
+        "10.96.0.7:80".parse().unwrap(),
+    ] {
+        let got = echo_through(&client_ns, dst, &data).await.unwrap();
+        assert_eq!(got.len(), data.len(), "via {dst}");
+        assert!(got == data, "bytes changed on the way via {dst}");
+    }
+    // The server application sees connections from its own proxy, inside its own pod.
+    for peer in seen.lock().unwrap().iter() {
+        assert_eq!(
+            peer.ip(),
+            std::net::IpAddr::V4(server_ip),
+            "connection bypassed the server's proxy"
+        );
+    }
+
+    let ma = a.metrics().await;
+    let line = metric_line(
+        &ma,
+        "tcp_open_total",
+        &[
+            "direction=\"outbound\"",
+            "pod=\"client\"",
+            "peer_id=\"spiffe://cluster.local/ns/shop/sa/server\"",
+            "tls=\"true\"",
+        ],
+    );
+    assert!(
+        line.is_some_and(|l| l.ends_with(" 2")),
+        "client side:\n{ma}"
+    );
+    let mb = b.metrics().await;
+    let line = metric_line(
+        &mb,
+        "tcp_open_total",
+        &[
+            "direction=\"inbound\"",
+            "pod=\"server\"",
+            "peer_id=\"spiffe://cluster.local/ns/shop/sa/client\"",
+            "tls=\"true\"",
+        ],
+    );
+    assert!(
+        line.is_some_and(|l| l.ends_with(" 2")),
+        "server side:\n{mb}"
+    );
+    let line = metric_line(
+        &mb,
+        "tcp_read_bytes_total",
+        &["direction=\"inbound\"", "pod=\"server\""],
+    )
+    .unwrap();
+    assert!(line.ends_with(&format!(" {}", 2 * data.len())), "{line}");
+
+    // A client outside the mesh reaches the server in plaintext through 4144.
+    let got = echo_through(
+        &outsider_ns,
+        SocketAddr::from((server_ip, 7000)),
+        b"hello from outside",
+    )
+    .await
+    .unwrap();
+    assert_eq!(got, b"hello from outside");
+    let mb = b.metrics().await;
+    assert!(
+        metric_line(
+            &mb,
+            "tcp_open_total",
+            &["direction=\"inbound\"", "tls=\"no_identity\""]
+        )
+        .is_some(),
+        "{mb}"
+    );
+
+    a.stop().await;
+    b.stop().await;
+    cp.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_and_foreign_clients_on_the_mesh_port_are_refused_and_counted() {
+    let t = Topology::new(&["client", "server", "outsider"]);
+    t.pod("client").nft(OUTBOUND_REDIRECT);
+    let cp = ControlPlane::start(&cluster(&t), &["node-a", "node-b"]).await;
+    let (a, b) = (
+        NodeProxy::start(&cp, "node-a").await,
+        NodeProxy::start(&cp, "node-b").await,
+    );
+    let server_ns = Netns::open(std::path::Path::new(&t.pod("server").path())).unwrap();
+    let outsider_ns = Netns::open(std::path::Path::new(&t.pod("outsider").path())).unwrap();
+    let client_ns = Netns::open(std::path::Path::new(&t.pod("client").path())).unwrap();
+    let _seen = echo_server(&server_ns).await;
+    let mesh = SocketAddr::from((t.pod("server").ip, 4143));
+
+    // Plain HTTP on the mTLS port: closed, never forwarded.
+    let mut s = outsider_ns.connect(mesh, 0).await.unwrap();
+    s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buf = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut buf))
+        .await
+        .unwrap();
+    assert!(!String::from_utf8_lossy(&buf).contains("200"), "{buf:?}");
+
+    // A connection that half-opens and resets.
+    let s = outsider_ns.connect(mesh, 0).await.unwrap();
+    socket2::SockRef::from(&s).set_linger(Some(Duration::ZERO)).unwrap();
+    drop(s);
+
+    // The proxy still serves the mesh.
+    let got = echo_through(
+        &client_ns,
+        SocketAddr::from((t.pod("server").ip, 7000)),
+        b"still here",
+    )
+    .await
+    .unwrap();
+    assert_eq!(got, b"still here");
+    let mb = b.metrics().await;
+    let line = metric_line(
+        &mb,
+        "tcp_errors_total",
+        &["direction=\"inbound\"", "error=\"identity\""],
+    );
+    assert!(line.is_some(), "{mb}");
+
+    a.stop().await;
+    b.stop().await;
+    cp.stop().await;
+}
