@@ -66,6 +66,7 @@ pub async fn run(
     let identity_metrics = IdentityMetrics::register(&mut registry);
     let discovery_metrics = DiscoveryMetrics::register(&mut registry);
     let tcp_metrics = crate::proxy::TcpMetrics::register(&mut registry);
+    let http_metrics = crate::proxy::HttpMetrics::register(&mut registry);
 
     let ca = GrpcCaClient::new(&config.identity_url, token.clone(), Duration::from_secs(10))
         .map_err(|e| AppError::Config(vec![format!("--identity-url: {e}")]))?;
@@ -104,6 +105,9 @@ pub async fn run(
             bundle: bundle.clone(),
             pool: crate::proxy::TunnelPool::default(),
             metrics: tcp_metrics,
+            http: http_metrics,
+            balancer: crate::proxy::Balancer::default(),
+            detect_timeout: config.detect_timeout,
         },
         config.node_name.clone(),
         drained(),

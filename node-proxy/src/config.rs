@@ -23,6 +23,8 @@ pub mod env {
     pub const ADMIN_ADDR: &str = "AMBIT_ADMIN_ADDR";
     /// Log filter.
     pub const LOG: &str = "AMBIT_LOG";
+    /// How long protocol detection waits for a client's first bytes.
+    pub const DETECT_TIMEOUT: &str = "AMBIT_DETECT_TIMEOUT";
 }
 
 /// `ambit-proxy` configuration.
@@ -51,6 +53,11 @@ pub struct Config {
     /// loopback clients only).
     #[arg(long, env = env::ADMIN_ADDR, default_value = "0.0.0.0:4191")]
     pub admin_addr: SocketAddr,
+    /// How long protocol detection waits for a client's first bytes before treating the
+    /// connection as opaque (server-speaks-first protocols).
+    #[arg(long, env = env::DETECT_TIMEOUT, default_value = "10s", value_parser = ambit_api::duration::parse_duration)]
+    #[serde(serialize_with = "ser_duration")]
+    pub detect_timeout: std::time::Duration,
     /// Log filter, e.g. `info` or `ambit_proxy=debug`; changeable at run time with
     /// `PUT /log-level`.
     #[arg(long, env = env::LOG, default_value = "info")]
@@ -93,4 +100,8 @@ impl Config {
             Err(errors)
         }
     }
+}
+
+fn ser_duration<S: serde::Serializer>(d: &std::time::Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&ambit_api::duration::format_duration(*d))
 }

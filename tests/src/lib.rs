@@ -210,6 +210,7 @@ impl NodeProxy {
             trust_anchors: cp.dir.path().join("root.crt"),
             trust_domain: "cluster.local".into(),
             admin_addr: "127.0.0.1:0".parse().unwrap(),
+            detect_timeout: Duration::from_secs(10),
             log: "info".into(),
         };
         let admin = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -251,7 +251,9 @@ async fn garbage_and_foreign_clients_on_the_mesh_port_are_refused_and_counted() 
 
     // A connection that half-opens and resets.
     let s = outsider_ns.connect(mesh, 0).await.unwrap();
-    socket2::SockRef::from(&s).set_linger(Some(Duration::ZERO)).unwrap();
+    socket2::SockRef::from(&s)
+        .set_linger(Some(Duration::ZERO))
+        .unwrap();
     drop(s);
 
     // The proxy still serves the mesh.

@@ -1,13 +1,12 @@
 //! Inbound: the mesh tunnel (4143, mTLS + HTTP/2 CONNECT) and plaintext capture (4144).
 
+use super::body::{self, Body};
 use super::{
     accept_loop, relay, PodContext, ProxyError, Shared, TcpLabels, ERROR_HEADER, PROXY_MARK,
 };
 use crate::netns::original_dst;
 use crate::tls::{svid_identity, SpiffeClientVerifier};
 use ambit_api::WorkloadIdentity;
-use bytes::Bytes;
-use http_body_util::Empty;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use rustls::server::{ClientHello, ResolvesServerCert};
@@ -99,7 +98,12 @@ async fn mesh_connection(
         service_fn(move |req| {
             let (pod, shared, client_id) = (pod.clone(), shared.clone(), client_id.clone());
             async move {
-                Ok::<_, std::convert::Infallible>(connect_stream(req, pod, shared, client_id).await)
+                let resp = if req.method() == http::Method::CONNECT {
+                    connect_stream(req, pod, shared, client_id).await
+                } else {
+                    super::http::inbound_request(req, &pod, &shared, &client_id).await
+                };
+                Ok::<_, std::convert::Infallible>(resp)
             }
         })
     };
@@ -109,8 +113,8 @@ async fn mesh_connection(
         .map_err(|e| ProxyError::Client(format!("HTTP/2 from {peer} ({client_id}): {e}")))
 }
 
-fn refuse(status: http::StatusCode, cause: &str) -> http::Response<Empty<Bytes>> {
-    let mut resp = http::Response::new(Empty::new());
+fn refuse(status: http::StatusCode, cause: &str) -> http::Response<Body> {
+    let mut resp = http::Response::new(body::empty());
     *resp.status_mut() = status;
     if let Ok(v) = http::HeaderValue::from_str(cause) {
         resp.headers_mut().insert(ERROR_HEADER, v);
@@ -124,7 +128,7 @@ async fn connect_stream(
     pod: Arc<PodContext>,
     shared: Shared,
     client_id: WorkloadIdentity,
-) -> http::Response<Empty<Bytes>> {
+) -> http::Response<Body> {
     if req.method() != http::Method::CONNECT {
         return refuse(
             http::StatusCode::METHOD_NOT_ALLOWED,
@@ -177,7 +181,7 @@ async fn connect_stream(
             Err(error) => tracing::debug!(%error, "CONNECT stream closed before it opened"),
         }
     });
-    http::Response::new(Empty::new())
+    http::Response::new(body::empty())
 }
 
 pub(super) async fn serve_plain(

@@ -6,14 +6,25 @@
 //! | 4143 | inbound mTLS: the mesh tunnel from other proxies; CONNECT streams are delivered to the pod |
 //! | 4144 | inbound plaintext: clients outside the mesh, redirected here |
 //!
-//! Today every connection is proxied as opaque TCP; protocol detection and HTTP-aware
-//! proxying come next.
+//! Outbound connections are classified on their first bytes (HTTP/1, HTTP/2, else opaque;
+//! ports marked opaque skip this). HTTP is proxied per request (balanced, counted, sent as
+//! HTTP/2 through the tunnel); everything else is relayed as opaque TCP in a CONNECT
+//! stream.
 
+mod balance;
+mod body;
+mod client;
+mod detect;
+mod http;
+mod http_metrics;
 mod inbound;
 mod metrics;
 mod outbound;
 mod tunnel;
 
+pub use balance::Balancer;
+pub use detect::{classify, Protocol};
+pub use http_metrics::{HttpLabels, HttpMetrics};
 pub use metrics::{TcpLabels, TcpMetrics};
 pub use tunnel::TunnelPool;
 
@@ -79,6 +90,12 @@ pub struct Shared {
     pub pool: TunnelPool,
     /// TCP metrics.
     pub metrics: TcpMetrics,
+    /// HTTP metrics.
+    pub http: HttpMetrics,
+    /// Endpoint latency and load.
+    pub balancer: Balancer,
+    /// How long protocol detection waits for the first bytes.
+    pub detect_timeout: std::time::Duration,
 }
 
 /// One meshed pod served by this proxy.
@@ -87,7 +104,9 @@ pub struct PodContext {
     /// The pod.
     pub workload: Arc<Workload>,
     /// Its network namespace.
-    pub netns: Netns,
+    pub netns: Arc<Netns>,
+    /// HTTP clients connecting from it.
+    pub clients: client::PodClients,
 }
 
 struct Running {
@@ -156,7 +175,13 @@ async fn start_pod(
     let mesh = netns.bind(any(MESH_PORT)).await?;
     let plain = netns.bind(any(INBOUND_PLAIN_PORT)).await?;
     tracing::info!(pod = %workload.key(), netns = %path.display(), "listening in the pod: 4140 outbound, 4143 mesh, 4144 plaintext");
-    let pod = Arc::new(PodContext { workload, netns });
+    let netns = Arc::new(netns);
+    let clients = client::PodClients::new(netns.clone());
+    let pod = Arc::new(PodContext {
+        workload,
+        netns,
+        clients,
+    });
     let (stop, stopped) = watch::channel(false);
     tokio::spawn(outbound::serve(
         outbound,

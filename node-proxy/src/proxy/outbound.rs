@@ -1,10 +1,13 @@
 //! Outbound (4140): a pod's own connections, redirected here, go to their original
 //! destination — through the mesh tunnel when the destination is a meshed pod.
 
+use super::balance::Pick;
+use super::detect::{detect, Protocol};
 use super::tunnel::Tunnel;
 use super::{accept_loop, relay, PodContext, ProxyError, Shared, TcpLabels, PROXY_MARK};
-use crate::discovery::Destination;
+use crate::discovery::{Destination, DiscoveryState};
 use crate::netns::original_dst;
+use ambit_api::ports::{PortSet, DEFAULT_OPAQUE_PORTS};
 use ambit_api::WorkloadIdentity;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -20,9 +23,6 @@ pub(super) async fn serve(
     accept_loop(listener, stop, move |stream, peer| {
         let (pod, shared) = (pod.clone(), shared.clone());
         async move {
-            let span = tracing::debug_span!("outbound", pod = %pod.workload.key(), %peer);
-            let _enter = span.enter();
-            drop(_enter);
             if let Err(error) = proxy(stream, &pod, &shared).await {
                 shared.metrics.error("outbound", error.kind());
                 tracing::info!(pod = %pod.workload.key(), %peer, %error, "outbound connection failed");
@@ -44,38 +44,65 @@ enum Route {
     Direct(SocketAddr),
 }
 
-fn route(dst: SocketAddr, shared: &Shared) -> Result<Route, ProxyError> {
+/// Whether connections to `dst` skip protocol detection: the destination pod's
+/// opaque-ports (or, for a Service, its endpoints'), else Linkerd's defaults.
+fn is_opaque(dst: SocketAddr, state: &DiscoveryState) -> bool {
+    match state.resolve(dst) {
+        Destination::Service { endpoints, .. } => endpoints.iter().any(|(addr, _)| {
+            state
+                .workload_by_ip(addr.ip())
+                .is_some_and(|w| w.opaque_ports.contains(addr.port()))
+        }),
+        Destination::Pod(w, addr) => w.opaque_ports.contains(addr.port()),
+        Destination::Unknown(addr) => DEFAULT_OPAQUE_PORTS
+            .parse::<PortSet>()
+            .is_ok_and(|p| p.contains(addr.port())),
+    }
+}
+
+fn route(dst: SocketAddr, shared: &Shared) -> Result<(Route, Option<Pick>), ProxyError> {
     let state = shared.state.borrow().clone();
     match state.resolve(dst) {
         Destination::Service {
             service, endpoints, ..
         } => {
-            if endpoints.is_empty() {
+            let addrs: Vec<SocketAddr> = endpoints.iter().map(|(a, _)| *a).collect();
+            let Some((i, pick)) = shared.balancer.pick(&addrs) else {
                 return Err(ProxyError::Upstream(format!(
-                    "Service {}/{} has no ready endpoints for {dst}",
-                    service.namespace, service.name
+                    "no ready endpoints for Service {}/{} port {}",
+                    service.namespace,
+                    service.name,
+                    dst.port()
                 )));
-            }
-            let (addr, ep) = &endpoints[fastrand::usize(..endpoints.len())];
-            Ok(match &ep.identity {
+            };
+            let (addr, ep) = &endpoints[i];
+            let route = match &ep.identity {
                 Some(id) => Route::Mesh {
                     peer: addr.ip(),
                     target: *addr,
                     expected: id.clone(),
                 },
                 None => Route::Direct(*addr),
-            })
+            };
+            Ok((route, Some(pick)))
         }
-        Destination::Pod(w, addr) if w.meshed => Ok(Route::Mesh {
-            peer: addr.ip(),
-            target: addr,
-            expected: w.identity.clone(),
-        }),
-        Destination::Pod(_, addr) | Destination::Unknown(addr) => Ok(Route::Direct(addr)),
+        Destination::Pod(w, addr) if w.meshed => Ok((
+            Route::Mesh {
+                peer: addr.ip(),
+                target: addr,
+                expected: w.identity.clone(),
+            },
+            None,
+        )),
+        Destination::Pod(_, addr) | Destination::Unknown(addr) => Ok((Route::Direct(addr), None)),
     }
 }
 
-async fn proxy(mut client: TcpStream, pod: &PodContext, shared: &Shared) -> Result<(), ProxyError> {
+async fn proxy(
+    client: TcpStream,
+    pod: &Arc<PodContext>,
+    shared: &Shared,
+) -> Result<(), ProxyError> {
     let dst = original_dst(&client).map_err(|e| {
         ProxyError::Client(format!(
             "no original destination (was the connection redirected?): {e}"
@@ -89,6 +116,21 @@ async fn proxy(mut client: TcpStream, pod: &PodContext, shared: &Shared) -> Resu
             "connection made to the outbound port itself".into(),
         ));
     }
+    let opaque = is_opaque(dst, &shared.state.borrow().clone());
+    let (protocol, mut client) = if opaque {
+        (
+            Protocol::Opaque,
+            super::detect::Rewind::new(Vec::new(), client),
+        )
+    } else {
+        detect(client, shared.detect_timeout)
+            .await
+            .map_err(|e| ProxyError::Client(format!("reading the first bytes: {e}")))?
+    };
+    if protocol != Protocol::Opaque {
+        super::http::serve_outbound(client, protocol, dst, pod.clone(), shared.clone()).await;
+        return Ok(());
+    }
     let w = &pod.workload;
     let labels = |peer_id: String, tls: &str| TcpLabels {
         direction: "outbound".into(),
@@ -98,13 +140,20 @@ async fn proxy(mut client: TcpStream, pod: &PodContext, shared: &Shared) -> Resu
         peer_id,
         tls: tls.into(),
     };
-    match route(dst, shared)? {
+    let (route, pick) = route(dst, shared)?;
+    match route {
         Route::Direct(target) => {
-            let mut server = pod
-                .netns
-                .connect(target, PROXY_MARK)
-                .await
-                .map_err(|e| ProxyError::Upstream(format!("connecting to {target}: {e}")))?;
+            let connected = pod.netns.connect(target, PROXY_MARK).await;
+            let mut server = match (connected, pick) {
+                (Ok(s), p) => {
+                    p.map(Pick::success);
+                    s
+                }
+                (Err(e), p) => {
+                    p.map(Pick::failure);
+                    return Err(ProxyError::Upstream(format!("connecting to {target}: {e}")));
+                }
+            };
             let l = labels(String::new(), "no_identity");
             shared.metrics.opened(&l);
             let (read, written) = relay(&mut client, &mut server).await;
@@ -120,17 +169,23 @@ async fn proxy(mut client: TcpStream, pod: &PodContext, shared: &Shared) -> Resu
             let cert = shared.identities.current(&w.identity).ok_or_else(|| {
                 ProxyError::Identity(format!("no valid certificate for {} yet", w.identity))
             })?;
-            let upgraded = shared
-                .pool
-                .open(Tunnel {
-                    netns: &pod.netns,
-                    source: (&w.identity, cert.certified_key()),
-                    expected: expected.clone(),
-                    peer,
-                    target,
-                    bundle: &shared.bundle,
-                })
-                .await?;
+            let tunnel = Tunnel {
+                netns: &pod.netns,
+                source: (&w.identity, cert.certified_key()),
+                expected: expected.clone(),
+                peer,
+                bundle: &shared.bundle,
+            };
+            let upgraded = match (shared.pool.open(&tunnel, target).await, pick) {
+                (Ok(u), p) => {
+                    p.map(Pick::success);
+                    u
+                }
+                (Err(e), p) => {
+                    p.map(Pick::failure);
+                    return Err(e);
+                }
+            };
             let mut server = hyper_util::rt::TokioIo::new(upgraded);
             let l = labels(expected.to_string(), "true");
             shared.metrics.opened(&l);

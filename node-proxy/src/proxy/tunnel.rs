@@ -3,12 +3,11 @@
 //! (source identity, destination pod address), so a new TCP connection through the mesh
 //! costs one stream, not a TCP and TLS handshake.
 
+use super::body::{self, Body};
 use super::{ProxyError, MESH_PORT, PROXY_MARK};
 use crate::netns::Netns;
 use crate::tls::{self, TrustBundle};
 use ambit_api::WorkloadIdentity;
-use bytes::Bytes;
-use http_body_util::Empty;
 use hyper::client::conn::http2::SendRequest;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use rustls::sign::CertifiedKey;
@@ -17,7 +16,8 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex, PoisonError};
 use tokio_rustls::TlsConnector;
 
-type Sender = SendRequest<Empty<Bytes>>;
+/// A pooled HTTP/2 connection to a peer proxy.
+pub(super) type Sender = SendRequest<Body>;
 
 /// Pooled HTTP/2-over-mTLS connections to peer proxies.
 #[derive(Clone, Default)]
@@ -41,36 +41,40 @@ pub(super) struct Tunnel<'a> {
     pub expected: WorkloadIdentity,
     /// The destination pod IP (its proxy listens on 4143 there).
     pub peer: IpAddr,
-    /// The original destination inside that pod.
-    pub target: SocketAddr,
     /// Trust anchors.
     pub bundle: &'a TrustBundle,
 }
 
 impl TunnelPool {
-    /// Opens a CONNECT stream to `t.target` through the peer proxy, reusing a pooled
-    /// connection when one is ready.
-    pub(super) async fn open(&self, t: Tunnel<'_>) -> Result<hyper::upgrade::Upgraded, ProxyError> {
+    /// A ready HTTP/2 connection to the peer proxy: a pooled one, or a new one.
+    pub(super) async fn sender(&self, t: &Tunnel<'_>) -> Result<Sender, ProxyError> {
         let key = (t.source.0.clone(), t.peer);
         let pooled = {
             let conns = self.conns.lock().unwrap_or_else(PoisonError::into_inner);
             conns.get(&key).filter(|s| s.is_ready()).cloned()
         };
-        let mut sender = match pooled {
-            Some(s) => s,
-            None => {
-                let s = connect(&t).await?;
-                self.conns
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .insert(key, s.clone());
-                s
-            }
-        };
+        if let Some(s) = pooled {
+            return Ok(s);
+        }
+        let s = connect(t).await?;
+        self.conns
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(key, s.clone());
+        Ok(s)
+    }
+
+    /// Opens a CONNECT stream to `target` through the peer proxy.
+    pub(super) async fn open(
+        &self,
+        t: &Tunnel<'_>,
+        target: SocketAddr,
+    ) -> Result<hyper::upgrade::Upgraded, ProxyError> {
+        let mut sender = self.sender(t).await?;
         let req = http::Request::builder()
             .method(http::Method::CONNECT)
-            .uri(t.target.to_string())
-            .body(Empty::<Bytes>::new())
+            .uri(target.to_string())
+            .body(body::empty())
             .map_err(|e| ProxyError::Internal(e.to_string()))?;
         let resp = sender
             .send_request(req)
@@ -84,10 +88,9 @@ impl TunnelPool {
                 .unwrap_or("no reason given")
                 .to_string();
             return Err(ProxyError::Upstream(format!(
-                "peer proxy at {} answered {} for {}: {cause}",
+                "peer proxy at {} answered {} for {target}: {cause}",
                 t.peer,
-                resp.status(),
-                t.target
+                resp.status()
             )));
         }
         hyper::upgrade::on(resp)

@@ -1,0 +1,412 @@
+//! HTTP-aware proxying. Outbound, requests are read from the application (HTTP/1.1 or
+//! HTTP/2), balanced per request, and sent to meshed endpoints as HTTP/2 over the pooled
+//! mTLS tunnel — HTTP/1 rides as HTTP/2 and is restored at the destination, as Linkerd
+//! does — or straight to endpoints outside the mesh in the application's own protocol.
+
+use super::balance::Pick;
+use super::body::{self, Body};
+use super::detect::{Protocol, Rewind};
+use super::http_metrics::HttpLabels;
+use super::tunnel::Tunnel;
+use super::{PodContext, ProxyError, Shared, ERROR_HEADER};
+use crate::discovery::Destination;
+use ambit_api::WorkloadIdentity;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Request, Response, StatusCode, Uri, Version};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+/// Target address inside the destination pod, set by the sending proxy.
+pub const DST_HEADER: &str = "ambit-dst";
+/// `HTTP/1.1` when the application spoke HTTP/1 and the request rides the tunnel as HTTP/2.
+pub const ORIG_PROTO_HEADER: &str = "ambit-orig-proto";
+/// How long a client may take to send a request's headers (slowloris).
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// Largest request head accepted (431 beyond).
+pub const MAX_HEADER_BYTES: usize = 64 * 1024;
+
+/// Headers that describe one hop and must not be forwarded.
+const HOP_BY_HOP: [HeaderName; 5] = [
+    header::CONNECTION,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+    header::PROXY_AUTHORIZATION,
+    HeaderName::from_static("keep-alive"),
+];
+
+fn strip_hop_by_hop(h: &mut HeaderMap) {
+    // Headers named in Connection are hop-by-hop too.
+    let named: Vec<HeaderName> = h
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+        .collect();
+    for n in named.iter().chain(HOP_BY_HOP.iter()) {
+        h.remove(n);
+    }
+    h.remove("proxy-connection");
+    if h.get(header::TE).is_some_and(|v| v != "trailers") {
+        h.remove(header::TE);
+    }
+}
+
+/// An error response that says whose fault it was.
+pub fn error_response(e: &ProxyError) -> Response<Body> {
+    let status = match e {
+        ProxyError::Client(_) => StatusCode::BAD_REQUEST,
+        ProxyError::Upstream(m) if m.contains("timed out") => StatusCode::GATEWAY_TIMEOUT,
+        ProxyError::Upstream(m) if m.contains("no ready endpoints") => {
+            StatusCode::SERVICE_UNAVAILABLE
+        }
+        ProxyError::Upstream(_) => StatusCode::BAD_GATEWAY,
+        ProxyError::Identity(_) => StatusCode::SERVICE_UNAVAILABLE,
+        ProxyError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+    };
+    let mut resp = Response::new(body::text(format!("{e}\n")));
+    *resp.status_mut() = status;
+    if let Ok(v) = HeaderValue::from_str(&e.to_string().replace(['\r', '\n'], " ")) {
+        resp.headers_mut().insert(ERROR_HEADER, v);
+    }
+    resp
+}
+
+/// Serves an application connection detected as HTTP until it closes.
+pub(super) async fn serve_outbound(
+    io: Rewind<TcpStream>,
+    proto: Protocol,
+    dst: SocketAddr,
+    pod: Arc<PodContext>,
+    shared: Shared,
+) {
+    let metrics = shared.metrics.clone();
+    let service = service_fn(move |req: Request<Incoming>| {
+        let (pod, shared) = (pod.clone(), shared.clone());
+        async move { Ok::<_, std::convert::Infallible>(outbound_request(req, dst, &pod, &shared).await) }
+    });
+    let io = TokioIo::new(io);
+    let result = match proto {
+        Protocol::Http2 => {
+            hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                .timer(TokioTimer::new())
+                .max_header_list_size(MAX_HEADER_BYTES as u32)
+                .serve_connection(io, service)
+                .await
+        }
+        _ => {
+            hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_READ_TIMEOUT)
+                .max_buf_size(MAX_HEADER_BYTES)
+                .serve_connection(io, service)
+                .await
+        }
+    };
+    if let Err(error) = result {
+        metrics.error("outbound", "client");
+        tracing::debug!(%error, "outbound HTTP connection ended with an error");
+    }
+}
+
+struct Candidate {
+    addr: SocketAddr,
+    identity: Option<WorkloadIdentity>,
+}
+
+fn candidates(dst: SocketAddr, shared: &Shared) -> Result<(Vec<Candidate>, String), ProxyError> {
+    let state = shared.state.borrow().clone();
+    Ok(match state.resolve(dst) {
+        Destination::Service {
+            service, endpoints, ..
+        } => {
+            if endpoints.is_empty() {
+                return Err(ProxyError::Upstream(format!(
+                    "no ready endpoints for Service {}/{} port {}",
+                    service.namespace,
+                    service.name,
+                    dst.port()
+                )));
+            }
+            let c = endpoints
+                .into_iter()
+                .map(|(addr, e)| Candidate {
+                    addr,
+                    identity: e.identity,
+                })
+                .collect();
+            (c, format!("{}.{}", service.name, service.namespace))
+        }
+        Destination::Pod(w, addr) => (
+            vec![Candidate {
+                addr,
+                identity: w.meshed.then(|| w.identity.clone()),
+            }],
+            String::new(),
+        ),
+        Destination::Unknown(addr) => (
+            vec![Candidate {
+                addr,
+                identity: None,
+            }],
+            String::new(),
+        ),
+    })
+}
+
+async fn outbound_request(
+    req: Request<Incoming>,
+    dst: SocketAddr,
+    pod: &PodContext,
+    shared: &Shared,
+) -> Response<Body> {
+    let w = &pod.workload;
+    let mut labels = HttpLabels {
+        direction: "outbound".into(),
+        namespace: w.namespace.clone(),
+        pod: w.name.clone(),
+        workload: w.workload.clone(),
+        peer_id: String::new(),
+        tls: "no_identity".into(),
+        dst_service: String::new(),
+    };
+    let start = Instant::now();
+    let (cands, dst_service) = match candidates(dst, shared) {
+        Ok(c) => c,
+        Err(e) => {
+            shared.http.request(&labels);
+            return shared
+                .http
+                .response(labels, start.elapsed(), error_response(&e));
+        }
+    };
+    labels.dst_service = dst_service;
+    let addrs: Vec<SocketAddr> = cands.iter().map(|c| c.addr).collect();
+    let Some((i, pick)) = shared.balancer.pick(&addrs) else {
+        return error_response(&ProxyError::Upstream("no ready endpoints".into()));
+    };
+    let chosen = &cands[i];
+    if let Some(id) = &chosen.identity {
+        labels.peer_id = id.to_string();
+        labels.tls = "true".into();
+    }
+    shared.http.request(&labels);
+    let result = match &chosen.identity {
+        Some(id) => via_mesh(req, chosen.addr, id.clone(), pod, shared).await,
+        None => direct(req, chosen.addr, pod).await,
+    };
+    let resp = finish(result, pick);
+    shared.http.response(labels, start.elapsed(), resp)
+}
+
+fn finish(result: Result<Response<Body>, ProxyError>, pick: Pick) -> Response<Body> {
+    match result {
+        Ok(resp) => {
+            pick.success();
+            resp
+        }
+        Err(e) => {
+            pick.failure();
+            tracing::info!(error = %e, "outbound request failed");
+            error_response(&e)
+        }
+    }
+}
+
+/// The request's authority: from an absolute URI (HTTP/2, proxies) or the Host header.
+fn authority(req: &Request<Incoming>, fallback: SocketAddr) -> String {
+    req.uri()
+        .authority()
+        .map(|a| a.to_string())
+        .or_else(|| {
+            req.headers()
+                .get(header::HOST)
+                .and_then(|h| h.to_str().ok())
+                .map(str::to_string)
+        })
+        .unwrap_or_else(|| fallback.to_string())
+}
+
+fn path_and_query(uri: &Uri) -> &str {
+    uri.path_and_query().map_or("/", |p| p.as_str())
+}
+
+async fn via_mesh(
+    req: Request<Incoming>,
+    target: SocketAddr,
+    expected: WorkloadIdentity,
+    pod: &PodContext,
+    shared: &Shared,
+) -> Result<Response<Body>, ProxyError> {
+    let w = &pod.workload;
+    let cert = shared.identities.current(&w.identity).ok_or_else(|| {
+        ProxyError::Identity(format!("no valid certificate for {} yet", w.identity))
+    })?;
+    let authority = authority(&req, target);
+    let orig_http1 = req.version() != Version::HTTP_2;
+    let (mut parts, body) = req.into_parts();
+    parts.uri = Uri::builder()
+        .scheme("http")
+        .authority(authority.as_str())
+        .path_and_query(path_and_query(&parts.uri))
+        .build()
+        .map_err(|e| ProxyError::Client(format!("request target: {e}")))?;
+    parts.version = Version::HTTP_2;
+    strip_hop_by_hop(&mut parts.headers);
+    parts.headers.remove(header::HOST);
+    insert(&mut parts.headers, DST_HEADER, &target.to_string());
+    if orig_http1 {
+        insert(&mut parts.headers, ORIG_PROTO_HEADER, "HTTP/1.1");
+    }
+    let mut sender = shared
+        .pool
+        .sender(&Tunnel {
+            netns: &pod.netns,
+            source: (&w.identity, cert.certified_key()),
+            expected,
+            peer: target.ip(),
+            bundle: &shared.bundle,
+        })
+        .await?;
+    let resp = sender
+        .send_request(Request::from_parts(parts, body::incoming(body)))
+        .await
+        .map_err(|e| {
+            ProxyError::Upstream(format!("request through the tunnel to {target}: {e}"))
+        })?;
+    let (mut parts, b) = resp.into_parts();
+    parts.headers.remove(DST_HEADER);
+    Ok(Response::from_parts(parts, body::incoming(b)))
+}
+
+fn insert(h: &mut HeaderMap, name: &'static str, value: &str) {
+    if let Ok(v) = HeaderValue::from_str(value) {
+        h.insert(name, v);
+    }
+}
+
+/// Sends `req` from the pod's netns to `target` in the application's protocol.
+async fn direct(
+    req: Request<Incoming>,
+    target: SocketAddr,
+    pod: &PodContext,
+) -> Result<Response<Body>, ProxyError> {
+    let http2 = req.version() == Version::HTTP_2;
+    deliver(req.map(body::incoming), target, http2, pod).await
+}
+
+/// Sends `req` to `target` from the pod's netns, as HTTP/2 or HTTP/1.1.
+async fn deliver(
+    req: Request<Body>,
+    target: SocketAddr,
+    http2: bool,
+    pod: &PodContext,
+) -> Result<Response<Body>, ProxyError> {
+    let (mut parts, body) = req.into_parts();
+    let host = parts.uri.authority().map(|a| a.to_string()).or_else(|| {
+        parts
+            .headers
+            .get(header::HOST)
+            .and_then(|h| h.to_str().ok())
+            .map(str::to_string)
+    });
+    parts.uri = Uri::builder()
+        .scheme("http")
+        .authority(target.to_string())
+        .path_and_query(path_and_query(&parts.uri))
+        .build()
+        .map_err(|e| ProxyError::Client(format!("request target: {e}")))?;
+    strip_hop_by_hop(&mut parts.headers);
+    let client = if http2 {
+        parts.version = Version::HTTP_2;
+        parts.headers.remove(header::HOST);
+        &pod.clients.http2
+    } else {
+        parts.version = Version::HTTP_11;
+        if let Some(h) = host.as_deref() {
+            insert(&mut parts.headers, "host", h);
+        }
+        &pod.clients.http1
+    };
+    let resp = client
+        .request(Request::from_parts(parts, body))
+        .await
+        .map_err(|e| {
+            let timed_out =
+                std::error::Error::source(&e).is_some_and(|s| s.to_string().contains("timed out"));
+            if timed_out {
+                ProxyError::Upstream(format!("connecting to {target} timed out"))
+            } else {
+                ProxyError::Upstream(format!(
+                    "{target}: {e}{}",
+                    std::error::Error::source(&e)
+                        .map(|s| format!(": {s}"))
+                        .unwrap_or_default()
+                ))
+            }
+        })?;
+    let (mut parts, b) = resp.into_parts();
+    strip_hop_by_hop(&mut parts.headers);
+    Ok(Response::from_parts(parts, body::incoming(b)))
+}
+
+/// Inbound: a request that came through the tunnel, for the application in this pod.
+pub(super) async fn inbound_request(
+    req: Request<Incoming>,
+    pod: &PodContext,
+    shared: &Shared,
+    client_id: &WorkloadIdentity,
+) -> Response<Body> {
+    let w = &pod.workload;
+    let labels = HttpLabels {
+        direction: "inbound".into(),
+        namespace: w.namespace.clone(),
+        pod: w.name.clone(),
+        workload: w.workload.clone(),
+        peer_id: client_id.to_string(),
+        tls: "true".into(),
+        dst_service: String::new(),
+    };
+    shared.http.request(&labels);
+    let start = Instant::now();
+    let target: Option<SocketAddr> = req
+        .headers()
+        .get(DST_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok());
+    let result = match target {
+        None => Err(ProxyError::Client(format!(
+            "request without a valid {DST_HEADER} header"
+        ))),
+        Some(t) if !w.ips.contains(&t.ip()) => Err(ProxyError::Client(format!(
+            "{t} is not an address of this pod"
+        ))),
+        Some(t) => {
+            let http1 = req
+                .headers()
+                .get(ORIG_PROTO_HEADER)
+                .is_some_and(|v| v == "HTTP/1.1");
+            let (mut parts, b) = req.into_parts();
+            parts.headers.remove(DST_HEADER);
+            parts.headers.remove(ORIG_PROTO_HEADER);
+            deliver(
+                Request::from_parts(parts, body::incoming(b)),
+                t,
+                !http1,
+                pod,
+            )
+            .await
+        }
+    };
+    let resp = result.unwrap_or_else(|e| {
+        tracing::info!(error = %e, client = %client_id, "inbound request failed");
+        error_response(&e)
+    });
+    shared.http.response(labels, start.elapsed(), resp)
+}
