@@ -5,21 +5,24 @@ use super::PROXY_MARK;
 use crate::netns::Netns;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use std::collections::HashMap;
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 /// How long connecting to an application or endpoint may take.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Connects to the `ip:port` authority of a URI from inside a netns, with the proxy's mark.
+/// Connects to one target from inside a netns, with the proxy's mark, whatever authority
+/// the request names (the authority is the application's, and is kept as it was).
 #[derive(Clone, Debug)]
 pub struct NetnsConnector {
     netns: Arc<Netns>,
+    target: SocketAddr,
 }
 
 impl tower_service::Service<http::Uri> for NetnsConnector {
@@ -31,18 +34,9 @@ impl tower_service::Service<http::Uri> for NetnsConnector {
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, uri: http::Uri) -> Self::Future {
-        let netns = self.netns.clone();
+    fn call(&mut self, _uri: http::Uri) -> Self::Future {
+        let (netns, addr) = (self.netns.clone(), self.target);
         Box::pin(async move {
-            let addr: SocketAddr = uri
-                .authority()
-                .and_then(|a| a.as_str().parse().ok())
-                .ok_or_else(|| {
-                    io::Error::new(
-                        io::ErrorKind::InvalidInput,
-                        format!("{uri} has no ip:port authority"),
-                    )
-                })?;
             let stream = tokio::time::timeout(CONNECT_TIMEOUT, netns.connect(addr, PROXY_MARK))
                 .await
                 .map_err(|_| {
@@ -56,24 +50,36 @@ impl tower_service::Service<http::Uri> for NetnsConnector {
     }
 }
 
-/// Pooled HTTP/1 and HTTP/2 clients for one pod.
-#[derive(Clone, Debug)]
+/// Pooled HTTP/1.1 and HTTP/2 clients of one pod, one per target endpoint.
+#[derive(Debug)]
 pub struct PodClients {
-    /// HTTP/1.1.
-    pub http1: Client<NetnsConnector, Body>,
-    /// HTTP/2 with prior knowledge.
-    pub http2: Client<NetnsConnector, Body>,
+    netns: Arc<Netns>,
+    clients: Mutex<HashMap<(SocketAddr, bool), Client<NetnsConnector, Body>>>,
 }
 
 impl PodClients {
     /// Clients connecting from `netns`.
     pub fn new(netns: Arc<Netns>) -> Self {
-        let connector = NetnsConnector { netns };
         Self {
-            http1: Client::builder(TokioExecutor::new()).build(connector.clone()),
-            http2: Client::builder(TokioExecutor::new())
-                .http2_only(true)
-                .build(connector),
+            netns,
+            clients: Mutex::default(),
         }
+    }
+
+    /// The client for `target`, speaking HTTP/2 (prior knowledge) or HTTP/1.1.
+    pub fn get(&self, target: SocketAddr, http2: bool) -> Client<NetnsConnector, Body> {
+        let mut clients = self.clients.lock().unwrap_or_else(PoisonError::into_inner);
+        clients
+            .entry((target, http2))
+            .or_insert_with(|| {
+                let connector = NetnsConnector {
+                    netns: self.netns.clone(),
+                    target,
+                };
+                let mut b = Client::builder(TokioExecutor::new());
+                b.http2_only(http2);
+                b.build(connector)
+            })
+            .clone()
     }
 }

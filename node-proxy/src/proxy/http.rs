@@ -309,31 +309,34 @@ async fn deliver(
     pod: &PodContext,
 ) -> Result<Response<Body>, ProxyError> {
     let (mut parts, body) = req.into_parts();
-    let host = parts.uri.authority().map(|a| a.to_string()).or_else(|| {
-        parts
-            .headers
-            .get(header::HOST)
-            .and_then(|h| h.to_str().ok())
-            .map(str::to_string)
-    });
+    let host = parts
+        .uri
+        .authority()
+        .map(|a| a.to_string())
+        .or_else(|| {
+            parts
+                .headers
+                .get(header::HOST)
+                .and_then(|h| h.to_str().ok())
+                .map(str::to_string)
+        })
+        .unwrap_or_else(|| target.to_string());
+    // The authority stays the application's; the client connects to `target` regardless.
     parts.uri = Uri::builder()
         .scheme("http")
-        .authority(target.to_string())
+        .authority(host.as_str())
         .path_and_query(path_and_query(&parts.uri))
         .build()
         .map_err(|e| ProxyError::Client(format!("request target: {e}")))?;
     strip_hop_by_hop(&mut parts.headers);
-    let client = if http2 {
+    if http2 {
         parts.version = Version::HTTP_2;
         parts.headers.remove(header::HOST);
-        &pod.clients.http2
     } else {
         parts.version = Version::HTTP_11;
-        if let Some(h) = host.as_deref() {
-            insert(&mut parts.headers, "host", h);
-        }
-        &pod.clients.http1
-    };
+        insert(&mut parts.headers, "host", &host);
+    }
+    let client = pod.clients.get(target, http2);
     let resp = client
         .request(Request::from_parts(parts, body))
         .await

@@ -146,11 +146,11 @@ async fn proxy(
             let connected = pod.netns.connect(target, PROXY_MARK).await;
             let mut server = match (connected, pick) {
                 (Ok(s), p) => {
-                    p.map(Pick::success);
+                    settle(p, true);
                     s
                 }
                 (Err(e), p) => {
-                    p.map(Pick::failure);
+                    settle(p, false);
                     return Err(ProxyError::Upstream(format!("connecting to {target}: {e}")));
                 }
             };
@@ -178,11 +178,11 @@ async fn proxy(
             };
             let upgraded = match (shared.pool.open(&tunnel, target).await, pick) {
                 (Ok(u), p) => {
-                    p.map(Pick::success);
+                    settle(p, true);
                     u
                 }
                 (Err(e), p) => {
-                    p.map(Pick::failure);
+                    settle(p, false);
                     return Err(e);
                 }
             };
@@ -194,4 +194,13 @@ async fn proxy(
         }
     }
     Ok(())
+}
+
+/// Reports to the balancer how using the picked endpoint went.
+fn settle(pick: Option<Pick>, ok: bool) {
+    match (pick, ok) {
+        (Some(p), true) => p.success(),
+        (Some(p), false) => p.failure(),
+        (None, _) => {}
+    }
 }
