@@ -200,6 +200,11 @@ pub struct NodeProxy {
 impl NodeProxy {
     /// Starts the proxy of `node` against `cp` and waits for it to be ready.
     pub async fn start(cp: &ControlPlane, node: &str) -> Self {
+        Self::start_with(cp, node, Duration::from_secs(10)).await
+    }
+
+    /// As [`Self::start`], with a protocol detection timeout.
+    pub async fn start_with(cp: &ControlPlane, node: &str, detect_timeout: Duration) -> Self {
         let token_file = cp.dir.path().join(format!("{node}.token"));
         std::fs::write(&token_file, node_token(node)).unwrap();
         let config = ambit_proxy::config::Config {
@@ -210,7 +215,7 @@ impl NodeProxy {
             trust_anchors: cp.dir.path().join("root.crt"),
             trust_domain: "cluster.local".into(),
             admin_addr: "127.0.0.1:0".parse().unwrap(),
-            detect_timeout: Duration::from_secs(10),
+            detect_timeout,
             log: "info".into(),
         };
         let admin = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

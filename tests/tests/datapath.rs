@@ -223,56 +223,64 @@ async fn meshed_pods_talk_through_both_proxies_with_mutual_tls() {
     cp.stop().await;
 }
 
+/// A server that speaks first (a banner), as SMTP or MySQL do, then echoes.
+async fn banner_server(netns: &Netns, port: u16) {
+    let listener = netns
+        .bind(SocketAddr::from(([0, 0, 0, 0], port)))
+        .await
+        .unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = listener.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                s.write_all(b"220 ready\r\n").await.unwrap();
+                let (mut r, mut w) = s.split();
+                let _ = tokio::io::copy(&mut r, &mut w).await;
+                let _ = w.shutdown().await;
+            });
+        }
+    });
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn garbage_and_foreign_clients_on_the_mesh_port_are_refused_and_counted() {
+async fn server_speaks_first_protocols_work_on_any_port() {
     let t = Topology::new(&["client", "server", "outsider"]);
     t.pod("client").nft(OUTBOUND_REDIRECT);
     let cp = ControlPlane::start(&cluster(&t), &["node-a", "node-b"]).await;
-    let (a, b) = (
-        NodeProxy::start(&cp, "node-a").await,
-        NodeProxy::start(&cp, "node-b").await,
-    );
+    // A short detection timeout keeps the test quick; the default is 10 s.
+    let a = NodeProxy::start_with(&cp, "node-a", Duration::from_millis(300)).await;
+    let b = NodeProxy::start(&cp, "node-b").await;
     let server_ns = Netns::open(std::path::Path::new(&t.pod("server").path())).unwrap();
-    let outsider_ns = Netns::open(std::path::Path::new(&t.pod("outsider").path())).unwrap();
     let client_ns = Netns::open(std::path::Path::new(&t.pod("client").path())).unwrap();
-    let _seen = echo_server(&server_ns).await;
-    let mesh = SocketAddr::from((t.pod("server").ip, 4143));
-
-    // Plain HTTP on the mTLS port: closed, never forwarded.
-    let mut s = outsider_ns.connect(mesh, 0).await.unwrap();
-    s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-        .await
-        .unwrap();
-    let mut buf = Vec::new();
-    let _ = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut buf))
-        .await
-        .unwrap();
-    assert!(!String::from_utf8_lossy(&buf).contains("200"), "{buf:?}");
-
-    // A connection that half-opens and resets.
-    let s = outsider_ns.connect(mesh, 0).await.unwrap();
-    socket2::SockRef::from(&s)
-        .set_linger(Some(Duration::ZERO))
-        .unwrap();
-    drop(s);
-
-    // The proxy still serves the mesh.
-    let got = echo_through(
-        &client_ns,
-        SocketAddr::from((t.pod("server").ip, 7000)),
-        b"still here",
-    )
-    .await
-    .unwrap();
-    assert_eq!(got, b"still here");
-    let mb = b.metrics().await;
+    // 7001: detection waits for the client, times out, and relays opaquely.
+    // 3306: a default opaque port, relayed without detection.
+    for port in [7001u16, 3306] {
+        banner_server(&server_ns, port).await;
+        let mut s = client_ns
+            .connect(SocketAddr::from((t.pod("server").ip, port)), 0)
+            .await
+            .unwrap();
+        let mut banner = [0u8; 11];
+        tokio::time::timeout(Duration::from_secs(20), s.read_exact(&mut banner))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(&banner, b"220 ready\r\n", "port {port}");
+        s.write_all(b"QUIT\r\n").await.unwrap();
+        s.shutdown().await.unwrap();
+        let mut rest = Vec::new();
+        s.read_to_end(&mut rest).await.unwrap();
+        assert_eq!(rest, b"QUIT\r\n", "port {port}");
+    }
+    let ma = a.metrics().await;
     let line = metric_line(
-        &mb,
-        "tcp_errors_total",
-        &["direction=\"inbound\"", "error=\"identity\""],
+        &ma,
+        "tcp_open_total",
+        &["direction=\"outbound\"", "tls=\"true\""],
     );
-    assert!(line.is_some(), "{mb}");
-
+    assert!(line.is_some_and(|l| l.ends_with(" 2")), "{ma}");
     a.stop().await;
     b.stop().await;
     cp.stop().await;
