@@ -108,6 +108,7 @@ pub async fn run(
             http: http_metrics,
             balancer: crate::proxy::Balancer::default(),
             detect_timeout: config.detect_timeout,
+            departed_metrics_ttl: crate::proxy::DEPARTED_METRICS_TTL,
         },
         config.node_name.clone(),
         drained(),

@@ -58,6 +58,8 @@ fn latency_histogram() -> Histogram {
 /// HTTP metrics.
 #[derive(Clone, Debug)]
 pub struct HttpMetrics {
+    series: super::metrics::SeriesTracker<HttpLabels>,
+    response_series: super::metrics::SeriesTracker<ResponseLabels>,
     requests: Family<HttpLabels, Counter>,
     responses: Family<ResponseLabels, Counter>,
     latency: LatencyFamily,
@@ -66,6 +68,8 @@ pub struct HttpMetrics {
 impl Default for HttpMetrics {
     fn default() -> Self {
         Self {
+            series: Default::default(),
+            response_series: Default::default(),
             requests: Family::default(),
             responses: Family::default(),
             latency: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
@@ -91,8 +95,20 @@ impl HttpMetrics {
         m
     }
 
+    /// Drops every series of a pod that left the node.
+    pub fn forget_pod(&self, namespace: &str, pod: &str) {
+        for l in self.series.take(namespace, pod) {
+            self.requests.remove(&l);
+            self.latency.remove(&l);
+        }
+        for l in self.response_series.take(namespace, pod) {
+            self.responses.remove(&l);
+        }
+    }
+
     /// A request started.
     pub fn request(&self, l: &HttpLabels) {
+        self.series.track(&l.namespace, &l.pod, l);
         self.requests.get_or_create(l).inc();
     }
 
@@ -144,6 +160,9 @@ impl Finish {
             classification: if failed { "failure" } else { "success" }.into(),
             grpc_status: self.grpc.unwrap_or_default(),
         };
+        self.metrics
+            .response_series
+            .track(&labels.base.namespace, &labels.base.pod, &labels);
         self.metrics.responses.get_or_create(&labels).inc();
     }
 }

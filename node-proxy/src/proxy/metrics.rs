@@ -5,6 +5,9 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
+use std::collections::{HashMap, HashSet};
+use std::hash::Hash;
+use std::sync::{Arc, Mutex, PoisonError};
 
 /// Labels of a proxied TCP connection.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -32,9 +35,47 @@ pub struct ErrorLabels {
     pub error: String,
 }
 
+/// The label sets created for each local pod, so that a departed pod's series can be
+/// dropped (bounded cardinality).
+#[derive(Clone, Debug)]
+pub struct SeriesTracker<L> {
+    by_pod: Arc<Mutex<HashMap<(String, String), HashSet<L>>>>,
+}
+
+impl<L> Default for SeriesTracker<L> {
+    fn default() -> Self {
+        Self {
+            by_pod: Arc::default(),
+        }
+    }
+}
+
+impl<L: Clone + Eq + Hash> SeriesTracker<L> {
+    /// Remembers `labels` as a series of pod `namespace/pod`.
+    pub fn track(&self, namespace: &str, pod: &str, labels: &L) {
+        let mut m = self.by_pod.lock().unwrap_or_else(PoisonError::into_inner);
+        let set = m
+            .entry((namespace.to_string(), pod.to_string()))
+            .or_default();
+        if !set.contains(labels) {
+            set.insert(labels.clone());
+        }
+    }
+
+    /// Forgets the pod and returns its series.
+    pub fn take(&self, namespace: &str, pod: &str) -> HashSet<L> {
+        self.by_pod
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&(namespace.to_string(), pod.to_string()))
+            .unwrap_or_default()
+    }
+}
+
 /// TCP golden metrics.
 #[derive(Clone, Debug, Default)]
 pub struct TcpMetrics {
+    series: SeriesTracker<TcpLabels>,
     open_total: Family<TcpLabels, Counter>,
     close_total: Family<TcpLabels, Counter>,
     open_connections: Family<TcpLabels, Gauge>,
@@ -72,8 +113,20 @@ impl TcpMetrics {
         m
     }
 
+    /// Drops every series of a pod that left the node.
+    pub fn forget_pod(&self, namespace: &str, pod: &str) {
+        for l in self.series.take(namespace, pod) {
+            self.open_total.remove(&l);
+            self.close_total.remove(&l);
+            self.open_connections.remove(&l);
+            self.read_bytes.remove(&l);
+            self.write_bytes.remove(&l);
+        }
+    }
+
     /// A connection opened.
     pub fn opened(&self, l: &TcpLabels) {
+        self.series.track(&l.namespace, &l.pod, l);
         self.open_total.get_or_create(l).inc();
         self.open_connections.get_or_create(l).inc();
     }
@@ -94,5 +147,32 @@ impl TcpMetrics {
                 error: error.into(),
             })
             .inc();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_departed_pods_series_are_dropped() {
+        let mut r = Registry::default();
+        let m = TcpMetrics::register(&mut r);
+        let l = |pod: &str| TcpLabels {
+            direction: "inbound".into(),
+            namespace: "shop".into(),
+            pod: pod.into(),
+            workload: pod.into(),
+            peer_id: String::new(),
+            tls: "true".into(),
+        };
+        m.opened(&l("web-0"));
+        m.closed(&l("web-0"), 10, 20);
+        m.opened(&l("web-1"));
+        m.forget_pod("shop", "web-0");
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &r).unwrap();
+        assert!(!text.contains("web-0"), "{text}");
+        assert!(text.contains("pod=\"web-1\""), "{text}");
     }
 }

@@ -45,6 +45,8 @@ pub const MESH_PORT: u16 = 4143;
 pub const INBOUND_PLAIN_PORT: u16 = 4144;
 /// `SO_MARK` on every socket the proxy opens in a pod, so that redirection skips them.
 pub const PROXY_MARK: u32 = 0x0a3b_0000;
+/// How long a departed pod's metric series stay, so that Prometheus scrapes them once more.
+pub const DEPARTED_METRICS_TTL: std::time::Duration = std::time::Duration::from_secs(60);
 /// Response header naming why the proxy failed a request, as Linkerd's `l5d-proxy-error`.
 pub const ERROR_HEADER: &str = "ambit-proxy-error";
 
@@ -96,6 +98,8 @@ pub struct Shared {
     pub balancer: Balancer,
     /// How long protocol detection waits for the first bytes.
     pub detect_timeout: std::time::Duration,
+    /// How long a departed pod's metric series are kept (for a last scrape).
+    pub departed_metrics_ttl: std::time::Duration,
 }
 
 /// One meshed pod served by this proxy.
@@ -138,6 +142,7 @@ pub async fn serve_pods(
             if !keep {
                 tracing::info!(pod = %key, "pod left; closing its listeners");
                 r.stop.send_replace(true);
+                forget_later(&shared, &r.workload, state.clone(), node.clone());
             }
             keep
         });
@@ -162,6 +167,28 @@ pub async fn serve_pods(
     for r in running.values() {
         r.stop.send_replace(true);
     }
+}
+
+/// Drops a departed pod's series after the TTL, unless it is back on the node by then.
+fn forget_later(
+    shared: &Shared,
+    w: &Workload,
+    state: watch::Receiver<Arc<DiscoveryState>>,
+    node: String,
+) {
+    let (shared, key, ns, pod) = (shared.clone(), w.key(), w.namespace.clone(), w.name.clone());
+    tokio::spawn(async move {
+        tokio::time::sleep(shared.departed_metrics_ttl).await;
+        let back = state
+            .borrow()
+            .local_workloads(&node)
+            .iter()
+            .any(|w| w.key() == key);
+        if !back {
+            shared.metrics.forget_pod(&ns, &pod);
+            shared.http.forget_pod(&ns, &pod);
+        }
+    });
 }
 
 async fn start_pod(

@@ -1,0 +1,169 @@
+#!/usr/bin/env bash
+# Ambit data-path benchmark: through the mesh vs direct, side by side, in one run.
+#
+#   sudo bench/mesh/run.sh [ROUNDS]        (default 3 rounds; ~5 minutes)
+#
+# Topology (network namespaces on a bridge, nothing leaves this machine):
+#   cli  meshed client pod on node-a  (nftables redirect to its node proxy)
+#   dir  unmeshed client pod on node-a (direct path, no proxy)
+#   srv  meshed server pod on node-b: nginx (1 worker, access log off, 1 KiB file) and
+#        iperf3 -s
+# Two ambit-proxy processes (node-a, node-b) and ambit-control run on loopback.
+# Each round runs, for direct then mesh: oha keep-alive, oha new connection per request,
+# iperf3 single stream. Results: bench/mesh/results/<timestamp>/ and a summary on stdout.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+ROUNDS=${1:-3}
+ROOT=$PWD
+OHA=${OHA:-$(command -v oha || echo "$HOME/.cargo/bin/oha")}
+
+need() { command -v "$1" >/dev/null || [ -x "$1" ] || { echo "missing $1: $2" >&2; exit 1; }; }
+need nginx "apt-get install nginx-light"
+need iperf3 "apt-get install iperf3"
+need nft "apt-get install nftables"
+need "$OHA" "cargo install oha --locked"
+
+cargo build --release -q -p ambit-control -p ambit-proxy -p ambit-cli
+BIN=$ROOT/target/release
+
+P=ambb$$
+WORK=$(mktemp -d /tmp/ambit-bench.XXXXXX)
+OUT=$ROOT/bench/mesh/results/$(date -u +%Y%m%dT%H%M%SZ)
+mkdir -p "$OUT"
+PIDS=()
+cleanup() {
+    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+    for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+    for ns in cli dir srv br; do ip netns del "$P-$ns" 2>/dev/null || true; done
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+# --- topology ----------------------------------------------------------------------------
+ip netns add "$P-br"
+ip -n "$P-br" link add br0 type bridge
+ip -n "$P-br" link set br0 up
+i=2
+for ns in cli dir srv; do
+    ip netns add "$P-$ns"
+    ip -n "$P-$ns" link add eth0 type veth peer name "p$i" netns "$P-br"
+    ip -n "$P-br" link set "p$i" master br0 up
+    ip -n "$P-$ns" addr add "10.78.0.$i/24" dev eth0
+    ip -n "$P-$ns" link set eth0 up
+    ip -n "$P-$ns" link set lo up
+    i=$((i + 1))
+done
+CLI=10.78.0.2 DIR=10.78.0.3 SRV=10.78.0.4
+
+# --- control plane and proxies ------------------------------------------------------------
+"$BIN/ambit" pki init --out "$WORK/pki" >/dev/null
+mkdir -p "$WORK/cluster"
+cat > "$WORK/cluster/bench.yaml" <<YAML
+apiVersion: v1
+kind: Namespace
+metadata: {name: bench, annotations: {ambit.dev/mesh: enabled}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: cli, namespace: bench, annotations: {local.ambit.dev/netns: /run/netns/$P-cli}}
+spec: {nodeName: node-a, serviceAccountName: client, containers: []}
+status: {podIP: $CLI, phase: Running}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: dir, namespace: bench, annotations: {ambit.dev/mesh: disabled}}
+spec: {nodeName: node-a, serviceAccountName: direct, containers: []}
+status: {podIP: $DIR, phase: Running}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: srv, namespace: bench, annotations: {local.ambit.dev/netns: /run/netns/$P-srv}}
+spec: {nodeName: node-b, serviceAccountName: server, containers: []}
+status: {podIP: $SRV, phase: Running}
+YAML
+printf 'nodes:\n  node-a: %s\n  node-b: %s\n' "$(openssl rand -hex 16)" "$(openssl rand -hex 16)" > "$WORK/tokens.yaml"
+grep node-a "$WORK/tokens.yaml" | awk '{print $2}' > "$WORK/node-a.token"
+grep node-b "$WORK/tokens.yaml" | awk '{print $2}' > "$WORK/node-b.token"
+
+"$BIN/ambit-control" --trust-anchors "$WORK/pki/trust-anchor.crt" --issuer-cert "$WORK/pki/issuer.crt" \
+    --issuer-key "$WORK/pki/issuer.key" --local-dir "$WORK/cluster" --node-tokens "$WORK/tokens.yaml" \
+    --identity-addr 127.0.0.1:18080 --discovery-addr 127.0.0.1:18086 --admin-addr 127.0.0.1:19990 \
+    --log warn 2>"$OUT/control.log" &
+PIDS+=($!)
+for node in a b; do
+    port=$([ $node = a ] && echo 14191 || echo 14192)
+    "$BIN/ambit-proxy" --node-name "node-$node" --identity-url http://127.0.0.1:18080 \
+        --discovery-url http://127.0.0.1:18086 --token-file "$WORK/node-$node.token" \
+        --trust-anchors "$WORK/pki/trust-anchor.crt" --admin-addr "127.0.0.1:$port" --log warn \
+        2>"$OUT/proxy-$node.log" &
+    PIDS+=($!)
+    eval "PROXY_${node^^}=$!"
+done
+for port in 14191 14192; do
+    for _ in $(seq 1 100); do curl -sf "127.0.0.1:$port/ready" >/dev/null && break; sleep 0.1; done
+    curl -sf "127.0.0.1:$port/ready" >/dev/null || { echo "proxy on $port not ready" >&2; exit 1; }
+done
+
+ip netns exec "$P-cli" nft -f - <<'NFT'
+table ip ambit {
+  chain output {
+    type nat hook output priority -100; policy accept;
+    meta mark 0x0a3b0000 return
+    oifname "lo" return
+    meta l4proto tcp redirect to :4140
+  }
+}
+NFT
+
+# --- server applications -------------------------------------------------------------------
+mkdir -p "$WORK/www"
+head -c 1024 /dev/zero | tr '\0' 'a' > "$WORK/www/1k"
+cat > "$WORK/nginx.conf" <<CONF
+worker_processes 1;
+daemon off;
+pid $WORK/nginx.pid;
+error_log $WORK/nginx-error.log;
+events { worker_connections 4096; }
+http {
+    access_log off;
+    keepalive_requests 1000000;
+    server { listen 8080; root $WORK/www; }
+}
+CONF
+ip netns exec "$P-srv" nginx -c "$WORK/nginx.conf" &
+PIDS+=($!)
+ip netns exec "$P-srv" iperf3 -s -p 5201 >/dev/null 2>&1 &
+PIDS+=($!)
+sleep 1
+
+cpu() { awk '{print $14 + $15}' "/proc/$1/stat"; }     # utime + stime, in clock ticks
+TICK=$(getconf CLK_TCK)
+
+run_oha() { # ns keepalive(yes|no) file
+    local extra=()
+    [ "$2" = no ] && extra=(--disable-keepalive)
+    ip netns exec "$1" "$OHA" -z 15s -q 1000 -c 16 --latency-correction --no-tui --output-format json \
+        "${extra[@]}" "http://$SRV:8080/1k" > "$3"
+}
+
+for round in $(seq 1 "$ROUNDS"); do
+    for path in direct mesh; do
+        ns=$P-$([ $path = direct ] && echo dir || echo cli)
+        for ka in yes no; do
+            a0=$(cpu "$PROXY_A"); b0=$(cpu "$PROXY_B")
+            run_oha "$ns" "$ka" "$OUT/oha-$path-ka$ka-$round.json"
+            a1=$(cpu "$PROXY_A"); b1=$(cpu "$PROXY_B")
+            echo "$(( (a1 - a0) + (b1 - b0) ))" > "$OUT/cpu-$path-ka$ka-$round.ticks"
+        done
+        a0=$(cpu "$PROXY_A"); b0=$(cpu "$PROXY_B")
+        ip netns exec "$ns" iperf3 -c "$SRV" -p 5201 -t 10 -J > "$OUT/iperf-$path-$round.json"
+        a1=$(cpu "$PROXY_A"); b1=$(cpu "$PROXY_B")
+        echo "$(( (a1 - a0) + (b1 - b0) ))" > "$OUT/cpu-iperf-$path-$round.ticks"
+    done
+done
+for node in A B; do
+    pid_var=PROXY_$node
+    grep -E 'VmRSS|VmHWM' "/proc/${!pid_var}/status" > "$OUT/mem-proxy-$node.txt"
+done
+
+python3 "$ROOT/bench/mesh/summarize.py" "$OUT" "$ROUNDS" "$TICK" | tee "$OUT/summary.md"
