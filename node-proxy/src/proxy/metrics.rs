@@ -35,11 +35,14 @@ pub struct ErrorLabels {
     pub error: String,
 }
 
+/// (namespace, pod).
+type PodKey = (String, String);
+
 /// The label sets created for each local pod, so that a departed pod's series can be
 /// dropped (bounded cardinality).
 #[derive(Clone, Debug)]
 pub struct SeriesTracker<L> {
-    by_pod: Arc<Mutex<HashMap<(String, String), HashSet<L>>>>,
+    by_pod: Arc<Mutex<HashMap<PodKey, HashSet<L>>>>,
 }
 
 impl<L> Default for SeriesTracker<L> {
