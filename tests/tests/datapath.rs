@@ -119,6 +119,14 @@ fn fastrand_byte() -> u8 {
     })
 }
 
+fn metric_sum(metrics: &str, name: &str, labels: &[&str]) -> u64 {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with(name) && labels.iter().all(|want| l.contains(want)))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
 fn metric_line<'a>(metrics: &'a str, name: &str, labels: &[&str]) -> Option<&'a str> {
     metrics
         .lines()
@@ -161,20 +169,20 @@ async fn meshed_pods_talk_through_both_proxies_with_mutual_tls() {
     }
 
     let ma = a.metrics().await;
-    let line = metric_line(
-        &ma,
-        "tcp_open_total",
-        &[
-            "direction=\"outbound\"",
-            "pod=\"client\"",
-            "peer_id=\"spiffe://cluster.local/ns/shop/sa/server\"",
-            "tls=\"true\"",
-        ],
-    );
-    assert!(
-        line.is_some_and(|l| l.ends_with(" 2")),
+    let outbound = [
+        "direction=\"outbound\"",
+        "pod=\"client\"",
+        "server_id=\"spiffe://cluster.local/ns/shop/sa/server\"",
+        "tls=\"true\"",
+    ];
+    assert_eq!(
+        metric_sum(&ma, "tcp_open_total", &outbound),
+        2,
         "client side:\n{ma}"
     );
+    let mut by_service = outbound.to_vec();
+    by_service.push("dst_service=\"server.shop\"");
+    assert_eq!(metric_sum(&ma, "tcp_open_total", &by_service), 1, "{ma}");
     let mb = b.metrics().await;
     let line = metric_line(
         &mb,
@@ -182,7 +190,7 @@ async fn meshed_pods_talk_through_both_proxies_with_mutual_tls() {
         &[
             "direction=\"inbound\"",
             "pod=\"server\"",
-            "peer_id=\"spiffe://cluster.local/ns/shop/sa/client\"",
+            "client_id=\"spiffe://cluster.local/ns/shop/sa/client\"",
             "tls=\"true\"",
         ],
     );

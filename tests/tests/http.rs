@@ -47,6 +47,11 @@ metadata: {{name: web-1, namespace: shop, labels: {{kubernetes.io/service-name: 
 addressType: IPv4
 ports: [{{name: http, port: 8080}}, {{name: grpc, port: 9090}}, {{name: closed, port: 8081}}]
 endpoints: [{{addresses: [{}], targetRef: {{kind: Pod, name: server, namespace: shop}}}}]
+---
+apiVersion: v1
+kind: Service
+metadata: {{name: empty, namespace: shop}}
+spec: {{clusterIP: 10.96.0.9, ports: [{{name: http, port: 80}}]}}
 "#,
         client.path(),
         client.ip,
@@ -230,7 +235,7 @@ async fn curl_over_http1_and_http2_through_the_mesh() {
         &[
             "direction=\"outbound\"",
             "dst_service=\"web.shop\"",
-            "peer_id=\"spiffe://cluster.local/ns/shop/sa/server\"",
+            "server_id=\"spiffe://cluster.local/ns/shop/sa/server\"",
             "tls=\"true\"",
         ],
     );
@@ -265,7 +270,7 @@ async fn curl_over_http1_and_http2_through_the_mesh() {
             &[
                 "direction=\"inbound\"",
                 "pod=\"server\"",
-                "peer_id=\"spiffe://cluster.local/ns/shop/sa/client\""
+                "client_id=\"spiffe://cluster.local/ns/shop/sa/client\""
             ]
         )
         .is_some_and(|l| l.ends_with(" 2")),
@@ -341,6 +346,17 @@ async fn bad_requests_and_failing_endpoints_get_precise_errors() {
         "{out}"
     );
 
+    // A Service without ready endpoints: 503.
+    let client = m.t.pod("client").clone();
+    let out = tokio::task::spawn_blocking(move || curl(&client, &["http://10.96.0.9/"]))
+        .await
+        .unwrap();
+    assert!(out.starts_with("HTTP/1.1 503"), "{out}");
+    assert!(
+        out.contains("no ready endpoints for Service shop/empty"),
+        "{out}"
+    );
+
     // Malformed HTTP/1 from the application: 400 from the proxy, nothing forwarded.
     let mut s = m
         .client
@@ -381,6 +397,18 @@ async fn bad_requests_and_failing_endpoints_get_precise_errors() {
         "{}",
         String::from_utf8_lossy(&buf)
     );
+
+    // A client that sends half a request head and stalls (slowloris) is cut off once the
+    // header read timeout (10 s) passes, instead of holding the connection forever.
+    let mut s = m
+        .client
+        .connect("10.96.0.8:80".parse().unwrap(), 0)
+        .await
+        .unwrap();
+    s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n").await.unwrap();
+    let mut buf = Vec::new();
+    let closed = tokio::time::timeout(Duration::from_secs(30), s.read_to_end(&mut buf)).await;
+    assert!(closed.is_ok(), "a stalled request head kept its connection");
 
     // After all that, the proxy still serves.
     let client = m.t.pod("client").clone();

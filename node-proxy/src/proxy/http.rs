@@ -172,7 +172,8 @@ async fn outbound_request(
         namespace: w.namespace.clone(),
         pod: w.name.clone(),
         workload: w.workload.clone(),
-        peer_id: String::new(),
+        client_id: String::new(),
+        server_id: String::new(),
         tls: "no_identity".into(),
         dst_service: String::new(),
     };
@@ -193,7 +194,7 @@ async fn outbound_request(
     };
     let chosen = &cands[i];
     if let Some(id) = &chosen.identity {
-        labels.peer_id = id.to_string();
+        labels.server_id = id.to_string();
         labels.tls = "true".into();
     }
     shared.http.request(&labels);
@@ -372,7 +373,8 @@ pub(super) async fn inbound_request(
         namespace: w.namespace.clone(),
         pod: w.name.clone(),
         workload: w.workload.clone(),
-        peer_id: client_id.to_string(),
+        client_id: client_id.to_string(),
+        server_id: String::new(),
         tls: "true".into(),
         dst_service: String::new(),
     };

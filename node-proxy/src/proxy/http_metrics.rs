@@ -31,8 +31,10 @@ pub struct HttpLabels {
     pub pod: String,
     /// The local pod's workload.
     pub workload: String,
-    /// The peer's proven identity (`client_id` inbound, `server_id` outbound).
-    pub peer_id: String,
+    /// Inbound: the client's proven identity ("" without mTLS).
+    pub client_id: String,
+    /// Outbound: the server's proven identity ("" without mTLS).
+    pub server_id: String,
     /// `true` or `no_identity`.
     pub tls: String,
     /// The destination Service as `<name>.<namespace>`, when the request went to one.

@@ -168,7 +168,9 @@ async fn connect_stream(
         namespace: w.namespace.clone(),
         pod: w.name.clone(),
         workload: w.workload.clone(),
-        peer_id: client_id.to_string(),
+        client_id: client_id.to_string(),
+        server_id: String::new(),
+        dst_service: String::new(),
         tls: "true".into(),
     };
     tokio::spawn(async move {
@@ -229,7 +231,9 @@ async fn plain_connection(
         namespace: w.namespace.clone(),
         pod: w.name.clone(),
         workload: w.workload.clone(),
-        peer_id: String::new(),
+        client_id: String::new(),
+        server_id: String::new(),
+        dst_service: String::new(),
         tls: "no_identity".into(),
     };
     shared.metrics.opened(&labels);

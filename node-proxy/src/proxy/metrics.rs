@@ -20,8 +20,12 @@ pub struct TcpLabels {
     pub pod: String,
     /// The local pod's workload.
     pub workload: String,
-    /// The peer's proven identity: the client's on inbound, the server's on outbound.
-    pub peer_id: String,
+    /// Inbound: the client's proven identity ("" without mTLS).
+    pub client_id: String,
+    /// Outbound: the server's proven identity ("" without mTLS).
+    pub server_id: String,
+    /// Outbound: the destination Service as `<name>.<namespace>`, when there is one.
+    pub dst_service: String,
     /// `true` when the hop to the peer proxy is mTLS, `no_identity` otherwise.
     pub tls: String,
 }
@@ -166,7 +170,9 @@ mod tests {
             namespace: "shop".into(),
             pod: pod.into(),
             workload: pod.into(),
-            peer_id: String::new(),
+            client_id: String::new(),
+            server_id: String::new(),
+            dst_service: String::new(),
             tls: "true".into(),
         };
         m.opened(&l("web-0"));

@@ -132,12 +132,18 @@ async fn proxy(
         return Ok(());
     }
     let w = &pod.workload;
-    let labels = |peer_id: String, tls: &str| TcpLabels {
+    let dst_service = match shared.state.borrow().resolve(dst) {
+        Destination::Service { service, .. } => format!("{}.{}", service.name, service.namespace),
+        _ => String::new(),
+    };
+    let labels = |server_id: String, tls: &str| TcpLabels {
         direction: "outbound".into(),
         namespace: w.namespace.clone(),
         pod: w.name.clone(),
         workload: w.workload.clone(),
-        peer_id,
+        client_id: String::new(),
+        server_id,
+        dst_service: dst_service.clone(),
         tls: tls.into(),
     };
     let (route, pick) = route(dst, shared)?;
