@@ -12,8 +12,9 @@ log() { printf '\n==> %s\n' "$*"; }
 
 # --- Debian packages -----------------------------------------------------------------
 # protobuf-compiler: tonic/prost code generation; openssl: chain checks in the tests;
-# iproute2 and nftables: the network-namespace tests (pods as netns, redirection rules).
-packages=(protobuf-compiler openssl iproute2 nftables)
+# iproute2, nftables, curl: the network-namespace tests (pods as netns, redirection rules,
+# a real HTTP client through the mesh).
+packages=(protobuf-compiler openssl iproute2 nftables curl)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
