@@ -146,6 +146,17 @@ run_oha() { # ns keepalive(yes|no) file
         "${extra[@]}" "http://$SRV:8080/1k" > "$3"
 }
 
+if [ -n "${PROFILE:-}" ]; then
+    # Profile both proxies under keep-alive load through the mesh, then stop.
+    perf record -F 999 -e cpu-clock -g -p "$PROXY_A,$PROXY_B" -o "$OUT/perf.data" -- sleep 12 2>/dev/null &
+    perf_pid=$!
+    run_oha "$P-cli" "${PROFILE_KA:-yes}" "$OUT/oha-profile.json"
+    wait "$perf_pid" || true
+    perf report -i "$OUT/perf.data" --no-children --percent-limit 1.5 --stdio 2>/dev/null | grep -v '^$' | head -150 > "$OUT/perf.txt"
+    echo "profile: $OUT/perf.txt"
+    exit 0
+fi
+
 for round in $(seq 1 "$ROUNDS"); do
     for path in direct mesh; do
         ns=$P-$([ $path = direct ] && echo dir || echo cli)

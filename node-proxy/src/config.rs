@@ -25,6 +25,8 @@ pub mod env {
     pub const LOG: &str = "AMBIT_LOG";
     /// How long protocol detection waits for a client's first bytes.
     pub const DETECT_TIMEOUT: &str = "AMBIT_DETECT_TIMEOUT";
+    /// Runtime worker threads.
+    pub const WORKER_THREADS: &str = "AMBIT_WORKER_THREADS";
 }
 
 /// `ambit-proxy` configuration.
@@ -58,6 +60,9 @@ pub struct Config {
     #[arg(long, env = env::DETECT_TIMEOUT, default_value = "10s", value_parser = ambit_api::duration::parse_duration)]
     #[serde(serialize_with = "ser_duration")]
     pub detect_timeout: std::time::Duration,
+    /// Worker threads of the proxy's runtime (1: a single-threaded runtime).
+    #[arg(long, env = env::WORKER_THREADS, default_value_t = 1)]
+    pub worker_threads: usize,
     /// Log filter, e.g. `info` or `ambit_proxy=debug`; changeable at run time with
     /// `PUT /log-level`.
     #[arg(long, env = env::LOG, default_value = "info")]

@@ -4,9 +4,22 @@ use ambit_proxy::config::Config;
 use anyhow::Context;
 use clap::Parser;
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
     let config = Config::parse();
+    // One thread by default, as Linkerd's proxy: on a shared node the proxy's cost per
+    // request is mostly cross-thread wake-ups when it has more (BENCHMARKS.md).
+    let runtime = match config.worker_threads {
+        0 | 1 => tokio::runtime::Builder::new_current_thread().enable_all().build(),
+        n => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(n)
+            .enable_all()
+            .build(),
+    }
+    .context("starting the runtime")?;
+    runtime.block_on(run(config))
+}
+
+async fn run(config: Config) -> anyhow::Result<()> {
     let (subscriber, log_level) =
         ambit_proxy::logging::subscriber(&config.log).map_err(anyhow::Error::msg)?;
     tracing::subscriber::set_global_default(subscriber).context("installing the logger")?;

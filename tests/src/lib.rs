@@ -216,6 +216,7 @@ impl NodeProxy {
             trust_domain: "cluster.local".into(),
             admin_addr: "127.0.0.1:0".parse().unwrap(),
             detect_timeout,
+            worker_threads: 1,
             log: "info".into(),
         };
         let admin = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -65,6 +65,7 @@ async fn the_proxy_gets_its_pods_identities_and_reports_ready() {
         trust_domain: "cluster.local".into(),
         admin_addr: "127.0.0.1:0".parse().unwrap(),
         detect_timeout: Duration::from_secs(10),
+        worker_threads: 1,
         log: "info".into(),
     };
     let admin = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -162,6 +163,7 @@ async fn the_proxy_is_not_ready_while_the_control_plane_is_unreachable() {
         trust_domain: "cluster.local".into(),
         admin_addr: "127.0.0.1:0".parse().unwrap(),
         detect_timeout: Duration::from_secs(10),
+        worker_threads: 1,
         log: "info".into(),
     };
     let admin = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -201,6 +203,7 @@ async fn bad_configuration_is_reported_all_at_once() {
         trust_domain: "Bad Domain".into(),
         admin_addr: "127.0.0.1:0".parse().unwrap(),
         detect_timeout: Duration::from_secs(10),
+        worker_threads: 1,
         log: "info".into(),
     };
     let admin = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
