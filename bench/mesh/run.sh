@@ -161,6 +161,7 @@ for round in $(seq 1 "$ROUNDS"); do
     for path in direct mesh; do
         ns=$P-$([ $path = direct ] && echo dir || echo cli)
         for ka in yes no; do
+            [ "${ONLY:-}" = iperf ] && continue
             a0=$(cpu "$PROXY_A"); b0=$(cpu "$PROXY_B")
             run_oha "$ns" "$ka" "$OUT/oha-$path-ka$ka-$round.json"
             a1=$(cpu "$PROXY_A"); b1=$(cpu "$PROXY_B")
@@ -177,4 +178,5 @@ for node in A B; do
     grep -E 'VmRSS|VmHWM' "/proc/${!pid_var}/status" > "$OUT/mem-proxy-$node.txt"
 done
 
+[ "${ONLY:-}" = iperf ] && { cat "$OUT"/iperf-*.json | python3 -c "import json,sys; [print(json.loads(x)['end']['sum_received']['bits_per_second']/1e9) for x in sys.stdin.read().replace('}\n{','}\x00{').split('\x00')]"; exit 0; }
 python3 "$ROOT/bench/mesh/summarize.py" "$OUT" "$ROUNDS" "$TICK" | tee "$OUT/summary.md"

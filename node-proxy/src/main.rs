@@ -9,7 +9,9 @@ fn main() -> anyhow::Result<()> {
     // One thread by default, as Linkerd's proxy: on a shared node the proxy's cost per
     // request is mostly cross-thread wake-ups when it has more (BENCHMARKS.md).
     let runtime = match config.worker_threads {
-        0 | 1 => tokio::runtime::Builder::new_current_thread().enable_all().build(),
+        0 | 1 => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build(),
         n => tokio::runtime::Builder::new_multi_thread()
             .worker_threads(n)
             .enable_all()

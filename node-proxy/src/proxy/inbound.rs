@@ -108,6 +108,9 @@ async fn mesh_connection(
         })
     };
     hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+        .initial_stream_window_size(super::H2_STREAM_WINDOW)
+        .initial_connection_window_size(super::H2_CONN_WINDOW)
+        .max_frame_size(super::H2_MAX_FRAME)
         .serve_connection(TokioIo::new(tls), service)
         .await
         .map_err(|e| ProxyError::Client(format!("HTTP/2 from {peer} ({client_id}): {e}")))

@@ -226,6 +226,17 @@ async fn start_pod(
     Ok(stop)
 }
 
+/// Copy buffer per direction of a relayed connection. 8 KiB (tokio's default) cost a TLS
+/// record and an HTTP/2 frame per 8 KiB; see BENCHMARKS.md for what larger ones bought.
+pub const RELAY_BUFFER: usize = 64 * 1024;
+/// HTTP/2 flow-control windows of the tunnel: large enough that one stream can fill a
+/// fast link without waiting for WINDOW_UPDATEs.
+pub const H2_STREAM_WINDOW: u32 = 4 * 1024 * 1024;
+/// Connection-level window of the tunnel.
+pub const H2_CONN_WINDOW: u32 = 16 * 1024 * 1024;
+/// Largest HTTP/2 frame the tunnel accepts.
+pub const H2_MAX_FRAME: u32 = 256 * 1024;
+
 /// Copies both ways until both sides have closed, passing half-closes through; returns
 /// the bytes read from and written to `client`.
 pub async fn relay<A, B>(client: &mut A, server: &mut B) -> (u64, u64)
@@ -233,7 +244,8 @@ where
     A: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + ?Sized,
     B: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + ?Sized,
 {
-    match tokio::io::copy_bidirectional(client, server).await {
+    match tokio::io::copy_bidirectional_with_sizes(client, server, RELAY_BUFFER, RELAY_BUFFER).await
+    {
         Ok((from_client, to_client)) => (from_client, to_client),
         Err(error) => {
             tracing::debug!(%error, "connection ended with an error");

@@ -114,6 +114,9 @@ async fn connect(t: &Tunnel<'_>) -> Result<Sender, ProxyError> {
             ProxyError::Identity(format!("mTLS with {addr} (expecting {}): {e}", t.expected))
         })?;
     let (sender, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+        .initial_stream_window_size(super::H2_STREAM_WINDOW)
+        .initial_connection_window_size(super::H2_CONN_WINDOW)
+        .max_frame_size(super::H2_MAX_FRAME)
         .handshake(TokioIo::new(stream))
         .await
         .map_err(|e| ProxyError::Upstream(format!("HTTP/2 with {addr}: {e}")))?;
