@@ -275,6 +275,15 @@ impl DiscoveryState {
         self.workloads.values()
     }
 
+    /// Every address discovery knows: pod IPs and Service endpoints.
+    pub fn known_ips(&self) -> std::collections::HashSet<IpAddr> {
+        let mut ips: std::collections::HashSet<IpAddr> = self.by_ip.keys().copied().collect();
+        for s in self.services.values() {
+            ips.extend(s.endpoints.iter().map(|e| e.address));
+        }
+        ips
+    }
+
     /// The pod that has `ip`.
     pub fn workload_by_ip(&self, ip: IpAddr) -> Option<Arc<Workload>> {
         self.by_ip

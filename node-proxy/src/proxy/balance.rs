@@ -130,12 +130,12 @@ impl Balancer {
         }
     }
 
-    /// Forgets endpoints not in `live` (they left discovery).
-    pub fn retain(&self, live: &[SocketAddr]) {
+    /// Forgets endpoints for which `keep` is false (they left discovery).
+    pub fn retain(&self, keep: impl Fn(&SocketAddr) -> bool) {
         self.stats
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .retain(|a, _| live.contains(a));
+            .retain(|a, _| keep(a));
     }
 }
 
@@ -214,6 +214,9 @@ mod tests {
             picked_first,
             "a failure is not held against an endpoint forever"
         );
+        // Forgotten endpoints start afresh.
+        b.retain(|a| *a != eps[0]);
+        assert!(b.stats.lock().unwrap().get(&eps[0]).is_none());
         // With nothing else left, the failed endpoint is still used.
         let (_, p) = b.pick(&eps[..1]).unwrap();
         p.failure();

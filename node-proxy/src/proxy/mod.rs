@@ -129,6 +129,11 @@ pub async fn serve_pods(
     let mut running: BTreeMap<String, Running> = BTreeMap::new();
     loop {
         let s = state.borrow_and_update().clone();
+        // Endpoints that left discovery leave the balancer too.
+        let known = s.known_ips();
+        shared
+            .balancer
+            .retain(|a: &SocketAddr| known.contains(&a.ip()));
         let want: BTreeMap<String, Arc<Workload>> = s
             .local_workloads(&node)
             .into_iter()

@@ -60,7 +60,9 @@ fn is_opaque(dst: SocketAddr, state: &DiscoveryState) -> bool {
     }
 }
 
-fn route(dst: SocketAddr, shared: &Shared) -> Result<(Route, Option<Pick>), ProxyError> {
+/// Where the connection goes, the balancer's pick when there was a choice, and the
+/// destination Service for the metrics.
+fn route(dst: SocketAddr, shared: &Shared) -> Result<(Route, Option<Pick>, String), ProxyError> {
     let state = shared.state.borrow().clone();
     match state.resolve(dst) {
         Destination::Service {
@@ -84,7 +86,11 @@ fn route(dst: SocketAddr, shared: &Shared) -> Result<(Route, Option<Pick>), Prox
                 },
                 None => Route::Direct(*addr),
             };
-            Ok((route, Some(pick)))
+            Ok((
+                route,
+                Some(pick),
+                format!("{}.{}", service.name, service.namespace),
+            ))
         }
         Destination::Pod(w, addr) if w.meshed => Ok((
             Route::Mesh {
@@ -93,8 +99,11 @@ fn route(dst: SocketAddr, shared: &Shared) -> Result<(Route, Option<Pick>), Prox
                 expected: w.identity.clone(),
             },
             None,
+            String::new(),
         )),
-        Destination::Pod(_, addr) | Destination::Unknown(addr) => Ok((Route::Direct(addr), None)),
+        Destination::Pod(_, addr) | Destination::Unknown(addr) => {
+            Ok((Route::Direct(addr), None, String::new()))
+        }
     }
 }
 
@@ -132,10 +141,7 @@ async fn proxy(
         return Ok(());
     }
     let w = &pod.workload;
-    let dst_service = match shared.state.borrow().resolve(dst) {
-        Destination::Service { service, .. } => format!("{}.{}", service.name, service.namespace),
-        _ => String::new(),
-    };
+    let (route, pick, dst_service) = route(dst, shared)?;
     let labels = |server_id: String, tls: &str| TcpLabels {
         direction: "outbound".into(),
         namespace: w.namespace.clone(),
@@ -146,7 +152,6 @@ async fn proxy(
         dst_service: dst_service.clone(),
         tls: tls.into(),
     };
-    let (route, pick) = route(dst, shared)?;
     match route {
         Route::Direct(target) => {
             let connected = pod.netns.connect(target, PROXY_MARK).await;
