@@ -188,6 +188,16 @@ pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
     (code, body)
 }
 
+/// Logs to stderr when `AMBIT_TEST_LOG` is set (e.g. `AMBIT_TEST_LOG=ambit_proxy=debug`).
+pub fn init_test_logging() {
+    if let Ok(filter) = std::env::var("AMBIT_TEST_LOG") {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_test_writer()
+            .try_init();
+    }
+}
+
 /// A node proxy running in this process.
 #[derive(Debug)]
 pub struct NodeProxy {
@@ -205,6 +215,7 @@ impl NodeProxy {
 
     /// As [`Self::start`], with a protocol detection timeout.
     pub async fn start_with(cp: &ControlPlane, node: &str, detect_timeout: Duration) -> Self {
+        init_test_logging();
         let token_file = cp.dir.path().join(format!("{node}.token"));
         std::fs::write(&token_file, node_token(node)).unwrap();
         let config = ambit_proxy::config::Config {

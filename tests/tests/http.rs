@@ -61,7 +61,8 @@ spec: {{clusterIP: 10.96.0.9, ports: [{{name: http, port: 80}}]}}
     )
 }
 
-/// An HTTP server in the pod that answers with what it received.
+/// An HTTP server in the pod that answers with what it received, and accepts an
+/// `Upgrade: echo` by switching to echoing raw bytes.
 async fn http_app(netns: &Netns) {
     let listener = netns.bind("0.0.0.0:8080".parse().unwrap()).await.unwrap();
     tokio::spawn(async move {
@@ -71,7 +72,27 @@ async fn http_app(netns: &Netns) {
             };
             tokio::spawn(async move {
                 let svc = hyper::service::service_fn(
-                    |req: http::Request<hyper::body::Incoming>| async move {
+                    |mut req: http::Request<hyper::body::Incoming>| async move {
+                        if req.headers().get("upgrade").is_some_and(|u| u == "echo") {
+                            let on = hyper::upgrade::on(&mut req);
+                            tokio::spawn(async move {
+                                let mut io = hyper_util::rt::TokioIo::new(on.await.unwrap());
+                                let mut buf = [0u8; 1024];
+                                loop {
+                                    let n = io.read(&mut buf).await.unwrap_or(0);
+                                    if n == 0 || io.write_all(&buf[..n]).await.is_err() {
+                                        break;
+                                    }
+                                }
+                            });
+                            let resp = http::Response::builder()
+                                .status(101)
+                                .header("connection", "upgrade")
+                                .header("upgrade", "echo")
+                                .body(http_body_util::Full::new(bytes::Bytes::new()))
+                                .unwrap();
+                            return Ok::<_, std::convert::Infallible>(resp);
+                        }
                         let host = req
                             .headers()
                             .get("host")
@@ -88,16 +109,16 @@ async fn http_app(netns: &Netns) {
                             req.uri(),
                             req.version()
                         );
-                        Ok::<_, std::convert::Infallible>(http::Response::new(
-                            http_body_util::Full::new(bytes::Bytes::from(body)),
-                        ))
+                        Ok(http::Response::new(http_body_util::Full::new(
+                            bytes::Bytes::from(body),
+                        )))
                     },
                 );
                 let io = hyper_util::rt::TokioIo::new(s);
                 let _ = hyper_util::server::conn::auto::Builder::new(
                     hyper_util::rt::TokioExecutor::new(),
                 )
-                .serve_connection(io, svc)
+                .serve_connection_with_upgrades(io, svc)
                 .await;
             });
         }
@@ -228,6 +249,40 @@ async fn curl_over_http1_and_http2_through_the_mesh() {
     assert!(out.starts_with("HTTP/2 200"), "{out}");
     assert!(out.contains("GET http://10.96.0.8/h2 HTTP/2.0"), "{out}");
 
+    // An HTTP/1.1 upgrade (as WebSocket uses) switches the connection to raw bytes.
+    let mut s = m
+        .client
+        .connect("10.96.0.8:80".parse().unwrap(), 0)
+        .await
+        .unwrap();
+    s.write_all(b"GET /ws HTTP/1.1\r\nHost: web\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
+        .await
+        .unwrap();
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        let mut b = [0u8; 1];
+        tokio::time::timeout(Duration::from_secs(10), s.read_exact(&mut b))
+            .await
+            .unwrap()
+            .unwrap();
+        head.push(b[0]);
+    }
+    assert!(
+        head.starts_with(b"HTTP/1.1 101"),
+        "{}",
+        String::from_utf8_lossy(&head)
+    );
+    for msg in [&b"ping"[..], b"a longer frame of raw bytes"] {
+        s.write_all(msg).await.unwrap();
+        let mut back = vec![0u8; msg.len()];
+        tokio::time::timeout(Duration::from_secs(10), s.read_exact(&mut back))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(back, msg);
+    }
+    drop(s);
+
     let ma = m.a.metrics().await;
     let out_req = metric(
         &ma,
@@ -239,7 +294,7 @@ async fn curl_over_http1_and_http2_through_the_mesh() {
             "tls=\"true\"",
         ],
     );
-    assert!(out_req.is_some_and(|l| l.ends_with(" 2")), "{ma}");
+    assert!(out_req.is_some_and(|l| l.ends_with(" 3")), "{ma}");
     assert!(
         metric(
             &ma,
@@ -258,6 +313,15 @@ async fn curl_over_http1_and_http2_through_the_mesh() {
             &ma,
             "response_latency_ms_count",
             &["direction=\"outbound\"", "dst_service=\"web.shop\""]
+        )
+        .is_some(),
+        "{ma}"
+    );
+    assert!(
+        metric(
+            &ma,
+            "response_total",
+            &["direction=\"outbound\"", "status_code=\"101\""]
         )
         .is_some(),
         "{ma}"

@@ -106,6 +106,7 @@ pub(super) async fn serve_outbound(
                 .header_read_timeout(HEADER_READ_TIMEOUT)
                 .max_buf_size(MAX_HEADER_BYTES)
                 .serve_connection(io, service)
+                .with_upgrades()
                 .await
         }
     };
@@ -198,9 +199,13 @@ async fn outbound_request(
         labels.tls = "true".into();
     }
     shared.http.request(&labels);
-    let result = match &chosen.identity {
-        Some(id) => via_mesh(req, chosen.addr, id.clone(), pod, shared).await,
-        None => direct(req, chosen.addr, pod).await,
+    let result = if super::upgrade::is_upgrade(&req) {
+        super::upgrade::forward(req, chosen.addr, chosen.identity.clone(), pod, shared).await
+    } else {
+        match &chosen.identity {
+            Some(id) => via_mesh(req, chosen.addr, id.clone(), pod, shared).await,
+            None => direct(req, chosen.addr, pod).await,
+        }
     };
     let resp = finish(result, pick);
     shared.http.response(labels, start.elapsed(), resp)

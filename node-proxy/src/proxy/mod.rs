@@ -21,6 +21,7 @@ mod inbound;
 mod metrics;
 mod outbound;
 mod tunnel;
+mod upgrade;
 
 pub use balance::Balancer;
 pub use detect::{classify, Protocol};
