@@ -4,7 +4,7 @@
 #   sudo bench/mesh/run.sh [ROUNDS]        (default 3 rounds; ~5 minutes)
 #
 # Topology (network namespaces on a bridge, nothing leaves this machine):
-#   cli  meshed client pod on node-a  (nftables redirect to its node proxy)
+#   cli  meshed client pod on node-a  (its proxy writes nftables redirection into it)
 #   dir  unmeshed client pod on node-a (direct path, no proxy)
 #   srv  meshed server pod on node-b: nginx (1 worker, access log off, 1 KiB file) and
 #        iperf3 -s
@@ -104,16 +104,7 @@ for port in 14191 14192; do
     curl -sf "127.0.0.1:$port/ready" >/dev/null || { echo "proxy on $port not ready" >&2; exit 1; }
 done
 
-ip netns exec "$P-cli" nft -f - <<'NFT'
-table ip ambit {
-  chain output {
-    type nat hook output priority -100; policy accept;
-    meta mark 0x0a3b0000 return
-    oifname "lo" return
-    meta l4proto tcp redirect to :4140
-  }
-}
-NFT
+# Each proxy writes the nftables redirection into its meshed pods (--redirect nftables).
 
 # --- server applications -------------------------------------------------------------------
 mkdir -p "$WORK/www"

@@ -109,6 +109,7 @@ pub async fn run(
             balancer: crate::proxy::Balancer::default(),
             detect_timeout: config.detect_timeout,
             departed_metrics_ttl: crate::proxy::DEPARTED_METRICS_TTL,
+            redirect: config.redirect,
         },
         config.node_name.clone(),
         drained(),

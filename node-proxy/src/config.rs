@@ -27,6 +27,8 @@ pub mod env {
     pub const DETECT_TIMEOUT: &str = "AMBIT_DETECT_TIMEOUT";
     /// Runtime worker threads.
     pub const WORKER_THREADS: &str = "AMBIT_WORKER_THREADS";
+    /// How pod traffic is redirected to the proxy.
+    pub const REDIRECT: &str = "AMBIT_REDIRECT";
 }
 
 /// `ambit-proxy` configuration.
@@ -60,6 +62,10 @@ pub struct Config {
     #[arg(long, env = env::DETECT_TIMEOUT, default_value = "10s", value_parser = ambit_api::duration::parse_duration)]
     #[serde(serialize_with = "ser_duration")]
     pub detect_timeout: std::time::Duration,
+    /// How pod traffic reaches the proxy: `nftables` (the proxy writes the rules in each
+    /// pod's netns) or `none` (something else redirects).
+    #[arg(long, env = env::REDIRECT, value_enum, default_value = "nftables")]
+    pub redirect: crate::proxy::Redirect,
     /// Worker threads of the proxy's runtime (1: a single-threaded runtime).
     #[arg(long, env = env::WORKER_THREADS, default_value_t = 1)]
     pub worker_threads: usize,

@@ -228,6 +228,7 @@ impl NodeProxy {
             admin_addr: "127.0.0.1:0".parse().unwrap(),
             detect_timeout,
             worker_threads: 1,
+            redirect: ambit_proxy::proxy::Redirect::Nftables,
             log: "info".into(),
         };
         let admin = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

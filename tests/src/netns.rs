@@ -33,27 +33,13 @@ impl PodNet {
         format!("/run/netns/{}", self.name)
     }
 
-    /// Loads nftables rules into the pod's netns.
-    pub fn nft(&self, rules: &str) {
-        let mut child = Command::new("ip")
-            .args(["netns", "exec", &self.name, "nft", "-f", "-"])
-            .stdin(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
+    /// The pod netns's nftables ruleset, as `nft list ruleset` prints it.
+    pub fn nft_ruleset(&self) -> String {
+        let out = Command::new("ip")
+            .args(["netns", "exec", &self.name, "nft", "list", "ruleset"])
+            .output()
             .expect("nft (Debian nftables) must be installed");
-        use std::io::Write;
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(rules.as_bytes())
-            .unwrap();
-        let out = child.wait_with_output().unwrap();
-        assert!(
-            out.status.success(),
-            "nft: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
     }
 }
 
@@ -148,28 +134,3 @@ impl Drop for Topology {
         }
     }
 }
-
-/// nftables rules that send a meshed pod's outbound TCP to the proxy's 4140 listener,
-/// leaving the proxy's own (marked) sockets and loopback alone — the linkerd-init rules.
-pub const OUTBOUND_REDIRECT: &str = "
-table ip ambit {
-  chain output {
-    type nat hook output priority -100; policy accept;
-    meta mark 0x0a3b0000 return
-    oifname \"lo\" return
-    ip daddr 127.0.0.0/8 return
-    meta l4proto tcp redirect to :4140
-  }
-}
-";
-
-/// nftables rules that send plaintext inbound TCP (all but the mesh port) to 4144.
-pub const INBOUND_REDIRECT: &str = "
-table ip ambit_in {
-  chain prerouting {
-    type nat hook prerouting priority -100; policy accept;
-    tcp dport 4143 return
-    meta l4proto tcp redirect to :4144
-  }
-}
-";

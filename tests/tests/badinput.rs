@@ -5,7 +5,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure
 
-use ambit_e2e::netns::{Topology, OUTBOUND_REDIRECT};
+use ambit_e2e::netns::Topology;
 use ambit_e2e::{ControlPlane, NodeProxy};
 use ambit_proxy::netns::Netns;
 use ambit_proxy::testing::TestCa;
@@ -55,7 +55,6 @@ async fn tls_attempt(netns: &Netns, addr: SocketAddr, config: rustls::ClientConf
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_mesh_port_refuses_bad_input_without_leaking() {
     let t = Topology::new(&["client", "server", "outsider"]);
-    t.pod("client").nft(OUTBOUND_REDIRECT);
     let cp = ControlPlane::start(&cluster(&t), &["node-a", "node-b"]).await;
     let (a, b) = (
         NodeProxy::start(&cp, "node-a").await,

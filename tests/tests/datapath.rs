@@ -4,7 +4,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure
 
-use ambit_e2e::netns::{Topology, INBOUND_REDIRECT, OUTBOUND_REDIRECT};
+use ambit_e2e::netns::Topology;
 use ambit_e2e::{ControlPlane, NodeProxy};
 use ambit_proxy::netns::Netns;
 use std::net::SocketAddr;
@@ -136,8 +136,6 @@ fn metric_line<'a>(metrics: &'a str, name: &str, labels: &[&str]) -> Option<&'a 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn meshed_pods_talk_through_both_proxies_with_mutual_tls() {
     let t = Topology::new(&["client", "server", "outsider"]);
-    t.pod("client").nft(OUTBOUND_REDIRECT);
-    t.pod("server").nft(INBOUND_REDIRECT);
     let cp = ControlPlane::start(&cluster(&t), &["node-a", "node-b"]).await;
     let (a, b) = (
         NodeProxy::start(&cp, "node-a").await,
@@ -255,7 +253,6 @@ async fn banner_server(netns: &Netns, port: u16) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_speaks_first_protocols_work_on_any_port() {
     let t = Topology::new(&["client", "server", "outsider"]);
-    t.pod("client").nft(OUTBOUND_REDIRECT);
     let cp = ControlPlane::start(&cluster(&t), &["node-a", "node-b"]).await;
     // A short detection timeout keeps the test quick; the default is 10 s.
     let a = NodeProxy::start_with(&cp, "node-a", Duration::from_millis(300)).await;
@@ -289,6 +286,81 @@ async fn server_speaks_first_protocols_work_on_any_port() {
         &["direction=\"outbound\"", "tls=\"true\""],
     );
     assert!(line.is_some_and(|l| l.ends_with(" 2")), "{ma}");
+    a.stop().await;
+    b.stop().await;
+    cp.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_proxy_installs_redirection_and_a_stopped_proxy_fails_closed() {
+    let t = Topology::new(&["client", "server", "outsider"]);
+    let cp = ControlPlane::start(&cluster(&t), &["node-a", "node-b"]).await;
+    let (a, b) = (
+        NodeProxy::start(&cp, "node-a").await,
+        NodeProxy::start(&cp, "node-b").await,
+    );
+    // Rules in meshed pods only.
+    let rules = t.pod("client").nft_ruleset();
+    assert!(
+        rules.contains("redirect to :4140") && rules.contains("redirect to :4144"),
+        "{rules}"
+    );
+    assert!(
+        !t.pod("outsider").nft_ruleset().contains("ambit"),
+        "an unmeshed pod is untouched"
+    );
+
+    let server_ns = Netns::open(std::path::Path::new(&t.pod("server").path())).unwrap();
+    let client_ns = Netns::open(std::path::Path::new(&t.pod("client").path())).unwrap();
+    let seen = echo_server(&server_ns).await;
+    let dst = SocketAddr::from((t.pod("server").ip, 7000));
+    assert_eq!(
+        echo_through(&client_ns, dst, b"meshed").await.unwrap(),
+        b"meshed"
+    );
+    let before = seen.lock().unwrap().len();
+
+    // The client's node proxy stops: its rules stay, nothing listens — connections fail
+    // instead of going out in the clear, and nothing reaches the server.
+    a.stop().await;
+    let err = echo_through(&client_ns, dst, b"in the clear?").await;
+    assert!(
+        err.is_err(),
+        "a meshed pod reached the server without its proxy"
+    );
+    assert_eq!(
+        seen.lock().unwrap().len(),
+        before,
+        "plaintext reached the destination"
+    );
+    assert!(t.pod("client").nft_ruleset().contains("redirect to :4140"));
+
+    // Back again: service restored without touching the pod.
+    let a = NodeProxy::start(&cp, "node-a").await;
+    assert_eq!(
+        echo_through(&client_ns, dst, b"restored").await.unwrap(),
+        b"restored"
+    );
+
+    // Opting the pod out removes its rules.
+    let yaml = cluster(&t).replace(
+        "metadata: {name: client, namespace: shop, annotations: {",
+        "metadata: {name: client, namespace: shop, annotations: {ambit.dev/mesh: disabled, ",
+    );
+    cp.set_cluster(&yaml);
+    let mut removed = false;
+    for _ in 0..200 {
+        if !t.pod("client").nft_ruleset().contains("ambit") {
+            removed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert!(
+        removed,
+        "rules left behind:\n{}",
+        t.pod("client").nft_ruleset()
+    );
     a.stop().await;
     b.stop().await;
     cp.stop().await;

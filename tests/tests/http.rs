@@ -6,7 +6,7 @@
 
 use ambit_api::proto::discovery::discovery_server::{Discovery, DiscoveryServer};
 use ambit_api::proto::discovery::{Update, WatchRequest};
-use ambit_e2e::netns::{PodNet, Topology, OUTBOUND_REDIRECT};
+use ambit_e2e::netns::{PodNet, Topology};
 use ambit_e2e::{ControlPlane, NodeProxy};
 use ambit_proxy::netns::Netns;
 use std::net::SocketAddr;
@@ -198,7 +198,6 @@ struct Mesh {
 
 async fn mesh() -> Mesh {
     let t = Topology::new(&["client", "server"]);
-    t.pod("client").nft(OUTBOUND_REDIRECT);
     let cp = ControlPlane::start(&cluster(&t), &["node-a", "node-b"]).await;
     let (a, b) = (
         NodeProxy::start(&cp, "node-a").await,

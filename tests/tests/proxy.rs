@@ -66,6 +66,7 @@ async fn the_proxy_gets_its_pods_identities_and_reports_ready() {
         admin_addr: "127.0.0.1:0".parse().unwrap(),
         detect_timeout: Duration::from_secs(10),
         worker_threads: 1,
+        redirect: ambit_proxy::proxy::Redirect::Nftables,
         log: "info".into(),
     };
     let admin = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -164,6 +165,7 @@ async fn the_proxy_is_not_ready_while_the_control_plane_is_unreachable() {
         admin_addr: "127.0.0.1:0".parse().unwrap(),
         detect_timeout: Duration::from_secs(10),
         worker_threads: 1,
+        redirect: ambit_proxy::proxy::Redirect::Nftables,
         log: "info".into(),
     };
     let admin = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -204,6 +206,7 @@ async fn bad_configuration_is_reported_all_at_once() {
         admin_addr: "127.0.0.1:0".parse().unwrap(),
         detect_timeout: Duration::from_secs(10),
         worker_threads: 1,
+        redirect: ambit_proxy::proxy::Redirect::Nftables,
         log: "info".into(),
     };
     let admin = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

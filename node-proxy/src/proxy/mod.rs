@@ -20,6 +20,7 @@ mod http_metrics;
 mod inbound;
 mod metrics;
 mod outbound;
+pub mod redirect;
 mod tunnel;
 mod upgrade;
 
@@ -101,6 +102,18 @@ pub struct Shared {
     pub detect_timeout: std::time::Duration,
     /// How long a departed pod's metric series are kept (for a last scrape).
     pub departed_metrics_ttl: std::time::Duration,
+    /// Whether the proxy installs nftables redirection in each pod.
+    pub redirect: Redirect,
+}
+
+/// How a pod's traffic reaches the proxy's listeners.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Redirect {
+    /// The proxy writes nftables rules in the pod's netns (linkerd-init's rules).
+    Nftables,
+    /// Something else redirects (the CNI plugin's eBPF programs, or the operator).
+    None,
 }
 
 /// One meshed pod served by this proxy.
@@ -116,6 +129,7 @@ pub struct PodContext {
 
 struct Running {
     workload: Arc<Workload>,
+    netns: Arc<Netns>,
     stop: watch::Sender<bool>,
 }
 
@@ -149,6 +163,16 @@ pub async fn serve_pods(
                 tracing::info!(pod = %key, "pod left; closing its listeners");
                 r.stop.send_replace(true);
                 forget_later(&shared, &r.workload, state.clone(), node.clone());
+                if shared.redirect == Redirect::Nftables {
+                    // A pod that is no longer meshed must not keep rules that point at
+                    // listeners that are gone.
+                    let (netns, pod) = (r.netns.clone(), key.clone());
+                    tokio::spawn(async move {
+                        if let Err(error) = redirect::remove(&netns).await {
+                            tracing::debug!(%pod, %error, "redirection rules not removed (netns gone?)");
+                        }
+                    });
+                }
             }
             keep
         });
@@ -157,8 +181,15 @@ pub async fn serve_pods(
                 continue;
             }
             match start_pod(&shared, w.clone()).await {
-                Ok(stop) => {
-                    running.insert(key, Running { workload: w, stop });
+                Ok((stop, netns)) => {
+                    running.insert(
+                        key,
+                        Running {
+                            workload: w,
+                            netns,
+                            stop,
+                        },
+                    );
                 }
                 Err(error) => {
                     tracing::error!(pod = %key, %error, "cannot open listeners in the pod's network namespace")
@@ -200,7 +231,7 @@ fn forget_later(
 async fn start_pod(
     shared: &Shared,
     workload: Arc<Workload>,
-) -> std::io::Result<watch::Sender<bool>> {
+) -> std::io::Result<(watch::Sender<bool>, Arc<Netns>)> {
     let path = workload.netns.clone().unwrap_or_default();
     let netns = Netns::open(&path)?;
     let any = |port| SocketAddr::from((Ipv4Addr::UNSPECIFIED, port));
@@ -208,8 +239,13 @@ async fn start_pod(
     let mesh = netns.bind(any(MESH_PORT)).await?;
     let plain = netns.bind(any(INBOUND_PLAIN_PORT)).await?;
     tracing::info!(pod = %workload.key(), netns = %path.display(), "listening in the pod: 4140 outbound, 4143 mesh, 4144 plaintext");
+    if shared.redirect == Redirect::Nftables {
+        // Listeners first, rules second: a redirected connection always finds a listener.
+        redirect::install(&netns, &workload).await?;
+    }
     let netns = Arc::new(netns);
     let clients = client::PodClients::new(netns.clone());
+    let pod_netns = netns.clone();
     let pod = Arc::new(PodContext {
         workload,
         netns,
@@ -229,7 +265,7 @@ async fn start_pod(
         stopped.clone(),
     ));
     tokio::spawn(inbound::serve_plain(plain, pod, shared.clone(), stopped));
-    Ok(stop)
+    Ok((stop, pod_netns))
 }
 
 /// Copy buffer per direction of a relayed connection. 8 KiB (tokio's default) cost a TLS
