@@ -5,6 +5,11 @@ use std::str::FromStr;
 
 /// The trust domain used when none is configured, as in Kubernetes' cluster domain.
 pub const DEFAULT_TRUST_DOMAIN: &str = "cluster.local";
+/// Namespace of the control plane; with [`CONTROL_PLANE_SERVICE_ACCOUNT`], the identity its
+/// gRPC servers prove to node proxies.
+pub const CONTROL_PLANE_NAMESPACE: &str = "ambit";
+/// ServiceAccount of the control plane.
+pub const CONTROL_PLANE_SERVICE_ACCOUNT: &str = "ambit-control";
 
 /// A workload's identity: a ServiceAccount in a namespace, within a trust domain.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -29,4 +29,7 @@ pub mod proto {
     }
 }
 
-pub use identity::{IdentityError, WorkloadIdentity, DEFAULT_TRUST_DOMAIN};
+pub use identity::{
+    IdentityError, WorkloadIdentity, CONTROL_PLANE_NAMESPACE, CONTROL_PLANE_SERVICE_ACCOUNT,
+    DEFAULT_TRUST_DOMAIN,
+};

@@ -83,7 +83,7 @@ fn signing_alone(csrs: &[Vec<u8>]) -> anyhow::Result<f64> {
 
 async fn over_grpc(csrs: Vec<Vec<u8>>, concurrency: usize) -> anyhow::Result<f64> {
     let cp = ControlPlane::start(CLUSTER, &["node-a"]).await;
-    let client = IdentityClient::connect(cp.identity_url()).await?;
+    let client = IdentityClient::new(cp.channel(&cp.identity_url()));
     let header: tonic::metadata::MetadataValue<_> =
         format!("Bearer {}", node_token("node-a")).parse()?;
     let n = csrs.len();

@@ -37,6 +37,10 @@ pub mod env {
     pub const ADMIN_ADDR: &str = "AMBIT_ADMIN_ADDR";
     /// Log filter.
     pub const LOG: &str = "AMBIT_LOG";
+    /// Namespace of the control plane (its own identity).
+    pub const CONTROL_NAMESPACE: &str = "AMBIT_CONTROL_NAMESPACE";
+    /// ServiceAccount of the control plane (its own identity).
+    pub const CONTROL_SERVICE_ACCOUNT: &str = "AMBIT_CONTROL_SERVICE_ACCOUNT";
 }
 
 /// Shortest workload certificate lifetime accepted.
@@ -100,6 +104,13 @@ pub struct Config {
     /// Listen address of the admin server (/metrics, /ready, /live).
     #[arg(long, env = env::ADMIN_ADDR, default_value = "0.0.0.0:9990")]
     pub admin_addr: SocketAddr,
+    /// Namespace part of the identity the control plane's gRPC servers prove
+    /// (`spiffe://<td>/ns/<this>/sa/<service account>`).
+    #[arg(long, env = env::CONTROL_NAMESPACE, default_value = ambit_api::CONTROL_PLANE_NAMESPACE)]
+    pub control_namespace: String,
+    /// ServiceAccount part of the control plane's identity.
+    #[arg(long, env = env::CONTROL_SERVICE_ACCOUNT, default_value = ambit_api::CONTROL_PLANE_SERVICE_ACCOUNT)]
+    pub control_service_account: String,
     /// Log filter, e.g. `info` or `ambit_control=debug`.
     #[arg(long, env = env::LOG, default_value = "info")]
     pub log: String,

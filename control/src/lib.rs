@@ -10,6 +10,7 @@
 //!   its node credentials.
 //! - [`identity`]: the identity gRPC service with node-scoped authorization.
 //! - [`discovery`]: the discovery gRPC service: a snapshot, then deltas, per node proxy.
+//! - [`tls`]: the control plane's own SVID and TLS on its gRPC ports.
 //! - [`admin`]: `/metrics`, `/ready`, `/live`.
 //!
 //! [`Control::build`] loads and checks everything; [`Control::serve`] takes
@@ -22,6 +23,7 @@ pub mod identity;
 pub mod index;
 pub mod local;
 pub mod pki;
+pub mod tls;
 
 use config::{Backend, Config};
 use identity::{IdentityMetrics, IdentityService, NodeAuthenticator};
@@ -68,6 +70,13 @@ pub struct Control {
     registry: Registry,
     local_metrics: LocalMetrics,
     loaded: local::Fingerprint,
+    /// The CA, the control plane's identity, its serving certificate and its notAfter.
+    tls: (
+        Arc<CertificateAuthority>,
+        ambit_api::WorkloadIdentity,
+        tls::ServingCert,
+        std::time::SystemTime,
+    ),
 }
 
 impl std::fmt::Debug for Control {
@@ -128,8 +137,20 @@ impl Control {
                 (SharedIndex::new(index), Arc::new(tokens), loaded)
             }
         };
+        let own_id = ambit_api::WorkloadIdentity::new(
+            &config.trust_domain,
+            &config.control_namespace,
+            &config.control_service_account,
+        )
+        .map_err(|e| StartError::Config(vec![format!("control plane identity: {e}")]))?;
+        let (serving, serving_not_after) = tls::ServingCert::new(&ca, &own_id).map_err(|e| {
+            StartError::Config(vec![format!(
+                "issuing the control plane's own certificate: {e}"
+            )])
+        })?;
+        let ca = Arc::new(ca);
         let identity =
-            IdentityService::new(Arc::new(ca), index.clone(), auth.clone(), identity_metrics);
+            IdentityService::new(ca.clone(), index.clone(), auth.clone(), identity_metrics);
         let discovery = discovery::DiscoveryService::new(index.clone(), auth, discovery_metrics);
         Ok(Self {
             config,
@@ -139,6 +160,7 @@ impl Control {
             registry,
             local_metrics,
             loaded,
+            tls: (ca, own_id, serving, serving_not_after),
         })
     }
 
@@ -184,12 +206,21 @@ impl Control {
                 .await
         });
 
+        let (ca, own_id, serving, not_after) = self.tls;
+        let acceptor = serving.acceptor().map_err(|e| StartError::Serve {
+            what: "TLS",
+            message: e.to_string(),
+        })?;
+        let renewal = tokio::spawn(serving.renew(ca, own_id, not_after));
         let identity = tonic::transport::Server::builder()
             .add_service(self.identity.into_server())
-            .serve_with_incoming_shutdown(nodelay(listeners.identity), drained());
+            .serve_with_incoming_shutdown(
+                tls::incoming(listeners.identity, acceptor.clone()),
+                drained(),
+            );
         let discovery = tonic::transport::Server::builder()
             .add_service(self.discovery.with_drain(drain_rx2).into_server())
-            .serve_with_incoming_shutdown(nodelay(listeners.discovery), drained());
+            .serve_with_incoming_shutdown(tls::incoming(listeners.discovery, acceptor), drained());
         let identity_task = tokio::spawn(identity);
         let discovery_task = tokio::spawn(discovery);
         ready.store(true, Ordering::Release);
@@ -199,6 +230,7 @@ impl Control {
         ready.store(false, Ordering::Release);
         let _ = drain_tx.send(true);
         let _ = watcher.await;
+        renewal.abort();
         let serve_err = |what, message: String| StartError::Serve { what, message };
         for (what, task) in [("identity", identity_task), ("discovery", discovery_task)] {
             match task.await {
@@ -213,22 +245,4 @@ impl Control {
             Err(e) => Err(serve_err("admin", e.to_string())),
         }
     }
-}
-
-/// Accepted connections with TCP_NODELAY: gRPC exchanges are small, and without it Nagle
-/// and delayed ACKs stall each one ~40 ms (measured on one core: 363 → 9,700 certificates/s;
-/// BENCHMARKS.md).
-fn nodelay(
-    listener: TcpListener,
-) -> impl tokio_stream::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
-    tokio_stream::StreamExt::map(
-        tokio_stream::wrappers::TcpListenerStream::new(listener),
-        |conn| {
-            conn.inspect(|s| {
-                if let Err(e) = s.set_nodelay(true) {
-                    tracing::debug!(error = %e, "cannot set TCP_NODELAY");
-                }
-            })
-        },
-    )
 }

@@ -68,8 +68,21 @@ pub async fn run(
     let tcp_metrics = crate::proxy::TcpMetrics::register(&mut registry);
     let http_metrics = crate::proxy::HttpMetrics::register(&mut registry);
 
-    let ca = GrpcCaClient::new(&config.identity_url, token.clone(), Duration::from_secs(10))
-        .map_err(|e| AppError::Config(vec![format!("--identity-url: {e}")]))?;
+    let control_id = match &config.control_identity {
+        Some(id) => id
+            .parse()
+            .map_err(|e| AppError::Config(vec![format!("--control-identity: {e}")]))?,
+        None => crate::control::default_identity(&config.trust_domain)
+            .map_err(|e| AppError::Config(vec![format!("--trust-domain: {e}")]))?,
+    };
+    let timeout = Duration::from_secs(10);
+    let identity_channel =
+        crate::control::channel(&config.identity_url, &bundle, control_id.clone(), timeout)
+            .map_err(|e| AppError::Config(vec![format!("--identity-url: {e}")]))?;
+    let discovery_channel =
+        crate::control::channel(&config.discovery_url, &bundle, control_id, timeout)
+            .map_err(|e| AppError::Config(vec![format!("--discovery-url: {e}")]))?;
+    let ca = GrpcCaClient::new(identity_channel, token.clone());
     let identities =
         IdentityManager::new(Arc::new(ca), IdentityConfig::default(), identity_metrics);
 
@@ -85,11 +98,7 @@ pub async fn run(
     };
 
     let (state_tx, state_rx) = watch::channel(Arc::new(DiscoveryState::default()));
-    let discovery = DiscoveryClient::new(
-        config.discovery_url.clone(),
-        token,
-        config.node_name.clone(),
-    );
+    let discovery = DiscoveryClient::new(discovery_channel, token, config.node_name.clone());
     let discovery_task = tokio::spawn(discovery.run(state_tx, discovery_metrics, drained()));
     let reconcile_task = tokio::spawn(reconcile_identities(
         identities.clone(),

@@ -29,6 +29,8 @@ pub mod env {
     pub const WORKER_THREADS: &str = "AMBIT_WORKER_THREADS";
     /// How pod traffic is redirected to the proxy.
     pub const REDIRECT: &str = "AMBIT_REDIRECT";
+    /// The identity the control plane must prove.
+    pub const CONTROL_IDENTITY: &str = "AMBIT_CONTROL_IDENTITY";
 }
 
 /// `ambit-proxy` configuration.
@@ -62,6 +64,10 @@ pub struct Config {
     #[arg(long, env = env::DETECT_TIMEOUT, default_value = "10s", value_parser = ambit_api::duration::parse_duration)]
     #[serde(serialize_with = "ser_duration")]
     pub detect_timeout: std::time::Duration,
+    /// The SPIFFE ID the control plane must prove on its TLS ports (default
+    /// `spiffe://<trust domain>/ns/ambit/sa/ambit-control`).
+    #[arg(long, env = env::CONTROL_IDENTITY)]
+    pub control_identity: Option<String>,
     /// How pod traffic reaches the proxy: `nftables` (the proxy writes the rules in each
     /// pod's netns) or `none` (something else redirects).
     #[arg(long, env = env::REDIRECT, value_enum, default_value = "nftables")]

@@ -10,6 +10,7 @@
 //!   SPIFFE ID.
 //!
 //! - [`config`]: flags and environment variables, validated up front.
+//! - [`control`]: TLS channels to the control plane.
 //! - [`app`]: wiring — discovery drives the identity manager; the admin server.
 //! - [`admin`]: `/metrics`, `/ready`, `/live`, and the loopback-only admin views
 //!   (`/config_dump`, `/log-level`, `/shutdown`).
@@ -21,6 +22,7 @@
 pub mod admin;
 pub mod app;
 pub mod config;
+pub mod control;
 pub mod discovery;
 pub mod identity;
 pub mod logging;

@@ -33,6 +33,8 @@ pub struct ControlPlane {
     pub dir: tempfile::TempDir,
     /// The trust anchor.
     pub root: CaMaterial,
+    /// The issuer.
+    pub issuer: CaMaterial,
     /// Identity gRPC address.
     pub identity_addr: SocketAddr,
     /// Discovery gRPC address.
@@ -53,7 +55,6 @@ impl ControlPlane {
     /// As [`Self::start`], with the discovery service on `discovery_addr` (to restart a
     /// control plane where proxies expect it).
     pub async fn start_at(cluster_yaml: &str, nodes: &[&str], discovery_addr: SocketAddr) -> Self {
-        let dir = tempfile::tempdir().unwrap();
         let root = trust_anchor(
             "cluster.local",
             Validity::starting_now(Duration::from_secs(86400 * 3650)),
@@ -65,6 +66,19 @@ impl ControlPlane {
             Validity::starting_now(Duration::from_secs(86400 * 365)),
         )
         .unwrap();
+        Self::start_with_pki(cluster_yaml, nodes, discovery_addr, root, iss).await
+    }
+
+    /// As [`Self::start_at`], with a given trust anchor and issuer (a control plane that
+    /// comes back with the PKI it had).
+    pub async fn start_with_pki(
+        cluster_yaml: &str,
+        nodes: &[&str],
+        discovery_addr: SocketAddr,
+        root: CaMaterial,
+        iss: CaMaterial,
+    ) -> Self {
+        let dir = tempfile::tempdir().unwrap();
         let p = |n: &str| dir.path().join(n);
         std::fs::write(p("root.crt"), &root.cert_pem).unwrap();
         std::fs::write(p("issuer.crt"), &iss.cert_pem).unwrap();
@@ -91,6 +105,8 @@ impl ControlPlane {
             identity_addr: "127.0.0.1:0".parse().unwrap(),
             discovery_addr: "127.0.0.1:0".parse().unwrap(),
             admin_addr: "127.0.0.1:0".parse().unwrap(),
+            control_namespace: "ambit".into(),
+            control_service_account: "ambit-control".into(),
             log: "info".into(),
         };
         let identity = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -119,6 +135,7 @@ impl ControlPlane {
         let cp = Self {
             dir,
             root,
+            issuer: iss,
             identity_addr,
             discovery_addr,
             admin_addr,
@@ -137,6 +154,15 @@ impl ControlPlane {
     /// The identity service's URL.
     pub fn identity_url(&self) -> String {
         format!("http://{}", self.identity_addr)
+    }
+
+    /// A TLS channel to `url` that requires the control plane's identity.
+    pub fn channel(&self, url: &str) -> tonic::transport::Channel {
+        let bundle =
+            ambit_proxy::tls::TrustBundle::from_pem(self.root.cert_pem.as_bytes(), "cluster.local")
+                .unwrap();
+        let id = ambit_proxy::control::default_identity("cluster.local").unwrap();
+        ambit_proxy::control::channel(url, &bundle, id, Duration::from_secs(5)).unwrap()
     }
 
     /// The discovery service's URL.
@@ -229,6 +255,7 @@ impl NodeProxy {
             detect_timeout,
             worker_threads: 1,
             redirect: ambit_proxy::proxy::Redirect::Nftables,
+            control_identity: None,
             log: "info".into(),
         };
         let admin = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

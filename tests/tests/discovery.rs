@@ -52,12 +52,12 @@ struct Proxy {
     registry: prometheus_client::registry::Registry,
 }
 
-fn start_client(url: String, node: &str) -> Proxy {
+fn start_client(channel: tonic::transport::Channel, node: &str) -> Proxy {
     let (tx, rx) = watch::channel(Arc::new(DiscoveryState::default()));
     let mut registry = prometheus_client::registry::Registry::default();
     let metrics = DiscoveryMetrics::register(&mut registry);
     let (stop, stopped) = oneshot::channel::<()>();
-    let client = DiscoveryClient::new(url, node_token(node), node.to_string());
+    let client = DiscoveryClient::new(channel, node_token(node), node.to_string());
     tokio::spawn(client.run(tx, metrics, async move {
         let _ = stopped.await;
     }));
@@ -78,7 +78,7 @@ async fn until(p: &mut Proxy, what: &str, f: impl Fn(&DiscoveryState) -> bool) {
 #[tokio::test]
 async fn snapshot_then_deltas_reach_the_proxy() {
     let cp = ControlPlane::start(CLUSTER, &["node-a", "node-b"]).await;
-    let mut p = start_client(cp.discovery_url(), "node-a");
+    let mut p = start_client(cp.channel(&cp.discovery_url()), "node-a");
     until(&mut p, "snapshot", |s| s.synced).await;
     {
         let s = p.state.borrow().clone();
@@ -140,7 +140,8 @@ async fn snapshot_then_deltas_reach_the_proxy() {
 async fn the_proxy_keeps_its_state_while_the_control_plane_is_away_and_resyncs_after() {
     let cp = ControlPlane::start(CLUSTER, &["node-a"]).await;
     let addr = cp.discovery_addr;
-    let mut p = start_client(cp.discovery_url(), "node-a");
+    let (root, issuer) = (cp.root.clone(), cp.issuer.clone());
+    let mut p = start_client(cp.channel(&cp.discovery_url()), "node-a");
     until(&mut p, "snapshot", |s| s.synced).await;
     cp.stop().await;
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -152,7 +153,7 @@ async fn the_proxy_keeps_its_state_while_the_control_plane_is_away_and_resyncs_a
 
     // A control plane comes back (same address) with web-0 gone: the snapshot replaces all.
     let without_web = CLUSTER.replace("nodeName: node-a", "nodeName: node-c");
-    let cp = ControlPlane::start_at(&without_web, &["node-a"], addr).await;
+    let cp = ControlPlane::start_with_pki(&without_web, &["node-a"], addr, root, issuer).await;
     until(&mut p, "resync", |s| s.local_workloads("node-a").is_empty()).await;
     let mut text = String::new();
     prometheus_client::encoding::text::encode(&mut text, &p.registry).unwrap();
@@ -164,7 +165,7 @@ async fn the_proxy_keeps_its_state_while_the_control_plane_is_away_and_resyncs_a
 #[tokio::test]
 async fn a_proxy_may_only_watch_its_own_node() {
     let cp = ControlPlane::start(CLUSTER, &["node-a", "node-b"]).await;
-    let mut client = PbClient::connect(cp.discovery_url()).await.unwrap();
+    let mut client = PbClient::new(cp.channel(&cp.discovery_url()));
     let mut req = tonic::Request::new(WatchRequest {
         node: "node-b".into(),
     });

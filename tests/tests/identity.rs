@@ -62,7 +62,7 @@ async fn raw_certify(
     sa: &str,
     csr_der: Vec<u8>,
 ) -> Result<CertifyResponse, tonic::Status> {
-    let mut client = IdentityClient::connect(cp.identity_url()).await.unwrap();
+    let mut client = IdentityClient::new(cp.channel(&cp.identity_url()));
     let mut req = tonic::Request::new(CertifyRequest {
         namespace: ns.into(),
         service_account: sa.into(),
@@ -76,8 +76,7 @@ async fn raw_certify(
 }
 
 fn manager(cp: &ControlPlane, node: &str) -> IdentityManager {
-    let ca =
-        GrpcCaClient::new(&cp.identity_url(), node_token(node), Duration::from_secs(5)).unwrap();
+    let ca = GrpcCaClient::new(cp.channel(&cp.identity_url()), node_token(node));
     let mut registry = prometheus_client::registry::Registry::default();
     IdentityManager::new(
         Arc::new(ca),
@@ -197,8 +196,7 @@ async fn every_refusal_is_a_precise_grpc_status_and_is_counted() {
     assert!(s.message().contains("invalid namespace"), "{s:?}");
 
     // The proxy side sees the refusal as such, not as an outage.
-    let client =
-        GrpcCaClient::new(&cp.identity_url(), token_a.clone(), Duration::from_secs(5)).unwrap();
+    let client = GrpcCaClient::new(cp.channel(&cp.identity_url()), token_a.clone());
     let err = client.certify(&db(), csr()).await.unwrap_err();
     assert!(
         err.to_string().contains("refused (PermissionDenied)"),
@@ -215,6 +213,44 @@ async fn every_refusal_is_a_precise_grpc_status_and_is_counted() {
     ] {
         assert!(m.contains(line), "missing {line:?} in\n{m}");
     }
+    cp.stop().await;
+}
+
+#[tokio::test]
+async fn the_control_plane_serves_tls_with_its_own_identity_only() {
+    let cp = ControlPlane::start(CLUSTER, &["node-a"]).await;
+    // Plaintext gRPC is not answered.
+    let plain = tonic::transport::Endpoint::from_shared(cp.identity_url())
+        .unwrap()
+        .connect()
+        .await;
+    let refused = match plain {
+        Err(_) => true,
+        Ok(ch) => IdentityClient::new(ch)
+            .certify(CertifyRequest {
+                namespace: "shop".into(),
+                service_account: "web".into(),
+                csr_der: csr(),
+            })
+            .await
+            .is_err(),
+    };
+    assert!(refused, "the identity service answered plaintext gRPC");
+    // A client that expects another identity for the control plane refuses it.
+    let bundle = TrustBundle::from_pem(cp.root.cert_pem.as_bytes(), "cluster.local").unwrap();
+    let other = WorkloadIdentity::new("cluster.local", "kube-system", "impostor").unwrap();
+    let ch =
+        ambit_proxy::control::channel(&cp.identity_url(), &bundle, other, Duration::from_secs(5))
+            .unwrap();
+    let err = GrpcCaClient::new(ch, node_token("node-a"))
+        .certify(&web(), csr())
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("unavailable"), "{err}");
+    // With the right identity, the same request succeeds.
+    raw_certify(&cp, Some(&node_token("node-a")), "shop", "web", csr())
+        .await
+        .unwrap();
     cp.stop().await;
 }
 
@@ -303,17 +339,13 @@ async fn authorization_follows_the_pod_when_the_local_state_changes() {
 
 #[tokio::test]
 async fn an_unreachable_ca_is_an_outage_the_manager_retries() {
+    let cp = ControlPlane::start(CLUSTER, &["node-a"]).await;
     // Nothing listens on this port (bound, then closed).
     let addr = {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap()
     };
-    let client = GrpcCaClient::new(
-        &format!("http://{addr}"),
-        node_token("node-a"),
-        Duration::from_secs(2),
-    )
-    .unwrap();
+    let client = GrpcCaClient::new(cp.channel(&format!("http://{addr}")), node_token("node-a"));
     let err = client.certify(&web(), csr()).await.unwrap_err();
     assert!(
         matches!(err, ambit_proxy::identity::CaError::Unavailable(_)),

@@ -67,6 +67,7 @@ async fn the_proxy_gets_its_pods_identities_and_reports_ready() {
         detect_timeout: Duration::from_secs(10),
         worker_threads: 1,
         redirect: ambit_proxy::proxy::Redirect::Nftables,
+        control_identity: None,
         log: "info".into(),
     };
     let admin = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -166,6 +167,7 @@ async fn the_proxy_is_not_ready_while_the_control_plane_is_unreachable() {
         detect_timeout: Duration::from_secs(10),
         worker_threads: 1,
         redirect: ambit_proxy::proxy::Redirect::Nftables,
+        control_identity: None,
         log: "info".into(),
     };
     let admin = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -207,6 +209,7 @@ async fn bad_configuration_is_reported_all_at_once() {
         detect_timeout: Duration::from_secs(10),
         worker_threads: 1,
         redirect: ambit_proxy::proxy::Redirect::Nftables,
+        control_identity: None,
         log: "info".into(),
     };
     let admin = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -10,7 +10,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
-use tonic::transport::Endpoint;
+use tonic::transport::Channel;
 
 /// Updates received, reconnects, resources skipped as invalid, and whether the stream is up.
 #[derive(Clone, Debug, Default)]
@@ -52,7 +52,7 @@ impl DiscoveryMetrics {
 /// Watches the control plane's discovery service for one node.
 #[derive(Clone, Debug)]
 pub struct DiscoveryClient {
-    endpoint: String,
+    channel: Channel,
     token: String,
     node: String,
     backoff_initial: Duration,
@@ -60,11 +60,11 @@ pub struct DiscoveryClient {
 }
 
 impl DiscoveryClient {
-    /// A client of the discovery service at `endpoint` for `node`, authenticating with
+    /// A client of the discovery service over `channel` for `node`, authenticating with
     /// `token`.
-    pub fn new(endpoint: String, token: String, node: String) -> Self {
+    pub fn new(channel: Channel, token: String, node: String) -> Self {
         Self {
-            endpoint,
+            channel,
             token,
             node,
             backoff_initial: Duration::from_millis(500),
@@ -114,13 +114,7 @@ impl DiscoveryClient {
         state: &watch::Sender<Arc<DiscoveryState>>,
         metrics: &DiscoveryMetrics,
     ) -> Result<bool, String> {
-        let channel = Endpoint::from_shared(self.endpoint.clone())
-            .map_err(|e| format!("invalid discovery address {:?}: {e}", self.endpoint))?
-            .connect_timeout(Duration::from_secs(5))
-            .tcp_nodelay(true)
-            .connect()
-            .await
-            .map_err(|e| format!("connecting to {}: {e}", self.endpoint))?;
+        let channel = self.channel.clone();
         let mut req = tonic::Request::new(WatchRequest {
             node: self.node.clone(),
         });

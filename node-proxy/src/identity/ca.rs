@@ -5,8 +5,7 @@ use ambit_api::proto::identity::{CertifyRequest, CertifyResponse};
 use ambit_api::WorkloadIdentity;
 use std::future::Future;
 use std::pin::Pin;
-use std::time::Duration;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 /// Why the CA did not issue a certificate.
 #[derive(Clone, Debug, thiserror::Error)]
@@ -46,20 +45,13 @@ pub struct GrpcCaClient {
 }
 
 impl GrpcCaClient {
-    /// A client for the identity service at `endpoint` (e.g. `http://ambit-identity:8080`).
-    /// Connects lazily, so the proxy starts while the control plane is still away.
-    pub fn new(endpoint: &str, token: String, timeout: Duration) -> Result<Self, CaError> {
-        let channel = Endpoint::from_shared(endpoint.to_string())
-            .map_err(|e| {
-                CaError::Unavailable(format!("invalid identity address {endpoint:?}: {e}"))
-            })?
-            .connect_timeout(timeout)
-            .timeout(timeout)
-            .connect_lazy();
-        Ok(Self {
+    /// A client for the identity service over `channel` (see [`crate::control::channel`];
+    /// it connects lazily, so the proxy starts while the control plane is still away).
+    pub fn new(channel: Channel, token: String) -> Self {
+        Self {
             client: IdentityClient::new(channel),
             token,
-        })
+        }
     }
 }
 
