@@ -224,6 +224,30 @@ pub fn init_test_logging() {
     }
 }
 
+/// A proxy configuration with the defaults `ambit-proxy` has, for `node`.
+pub fn proxy_config(
+    node: &str,
+    identity_url: String,
+    discovery_url: String,
+    token_file: PathBuf,
+    trust_anchors: PathBuf,
+) -> ambit_proxy::config::Config {
+    ambit_proxy::config::Config {
+        node_name: node.into(),
+        identity_url,
+        discovery_url,
+        token_file,
+        trust_anchors,
+        trust_domain: "cluster.local".into(),
+        admin_addr: "127.0.0.1:0".parse().unwrap(),
+        detect_timeout: Duration::from_secs(10),
+        worker_threads: 1,
+        redirect: ambit_proxy::proxy::Redirect::Nftables,
+        control_identity: None,
+        log: "info".into(),
+    }
+}
+
 /// A node proxy running in this process.
 #[derive(Debug)]
 pub struct NodeProxy {
@@ -242,22 +266,8 @@ impl NodeProxy {
     /// As [`Self::start`], with a protocol detection timeout.
     pub async fn start_with(cp: &ControlPlane, node: &str, detect_timeout: Duration) -> Self {
         init_test_logging();
-        let token_file = cp.dir.path().join(format!("{node}.token"));
-        std::fs::write(&token_file, node_token(node)).unwrap();
-        let config = ambit_proxy::config::Config {
-            node_name: node.into(),
-            identity_url: cp.identity_url(),
-            discovery_url: cp.discovery_url(),
-            token_file,
-            trust_anchors: cp.dir.path().join("root.crt"),
-            trust_domain: "cluster.local".into(),
-            admin_addr: "127.0.0.1:0".parse().unwrap(),
-            detect_timeout,
-            worker_threads: 1,
-            redirect: ambit_proxy::proxy::Redirect::Nftables,
-            control_identity: None,
-            log: "info".into(),
-        };
+        let mut config = Self::config(cp, node);
+        config.detect_timeout = detect_timeout;
         let admin = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let admin_addr = admin.local_addr().unwrap();
         let (_, log_level) = ambit_proxy::logging::subscriber("info").unwrap();
@@ -289,6 +299,19 @@ impl NodeProxy {
     /// The `/metrics` text.
     pub async fn metrics(&self) -> String {
         http_get(self.admin_addr, "/metrics").await.1
+    }
+
+    /// The configuration of `node`'s proxy against `cp` (writes its token file).
+    pub fn config(cp: &ControlPlane, node: &str) -> ambit_proxy::config::Config {
+        let token_file = cp.dir.path().join(format!("{node}.token"));
+        std::fs::write(&token_file, node_token(node)).unwrap();
+        proxy_config(
+            node,
+            cp.identity_url(),
+            cp.discovery_url(),
+            token_file,
+            cp.dir.path().join("root.crt"),
+        )
     }
 
     /// Stops the proxy and waits for it to drain.

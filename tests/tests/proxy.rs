@@ -3,7 +3,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure
 
-use ambit_e2e::{http_get, node_token, ControlPlane};
+use ambit_e2e::{http_get, node_token, proxy_config, ControlPlane, NodeProxy};
 use ambit_proxy::config::Config;
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -54,22 +54,7 @@ async fn wait_for_status(addr: SocketAddr, path: &str, want: u16) -> String {
 #[tokio::test]
 async fn the_proxy_gets_its_pods_identities_and_reports_ready() {
     let cp = ControlPlane::start(CLUSTER, &["node-a"]).await;
-    let token_file = cp.dir.path().join("node-a.token");
-    std::fs::write(&token_file, node_token("node-a")).unwrap();
-    let config = Config {
-        node_name: "node-a".into(),
-        identity_url: cp.identity_url(),
-        discovery_url: cp.discovery_url(),
-        token_file,
-        trust_anchors: cp.dir.path().join("root.crt"),
-        trust_domain: "cluster.local".into(),
-        admin_addr: "127.0.0.1:0".parse().unwrap(),
-        detect_timeout: Duration::from_secs(10),
-        worker_threads: 1,
-        redirect: ambit_proxy::proxy::Redirect::Nftables,
-        control_identity: None,
-        log: "info".into(),
-    };
+    let config = NodeProxy::config(&cp, "node-a");
     let admin = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = admin.local_addr().unwrap();
     let (subscriber, log_level) = ambit_proxy::logging::subscriber("info").unwrap();
@@ -156,20 +141,13 @@ async fn the_proxy_is_not_ready_while_the_control_plane_is_unreachable() {
     )
     .unwrap();
     std::fs::write(dir.path().join("root.crt"), root.cert_pem).unwrap();
-    let config = Config {
-        node_name: "node-a".into(),
-        identity_url: format!("http://{closed}"),
-        discovery_url: format!("http://{closed}"),
-        token_file: dir.path().join("token"),
-        trust_anchors: dir.path().join("root.crt"),
-        trust_domain: "cluster.local".into(),
-        admin_addr: "127.0.0.1:0".parse().unwrap(),
-        detect_timeout: Duration::from_secs(10),
-        worker_threads: 1,
-        redirect: ambit_proxy::proxy::Redirect::Nftables,
-        control_identity: None,
-        log: "info".into(),
-    };
+    let config = proxy_config(
+        "node-a",
+        format!("http://{closed}"),
+        format!("http://{closed}"),
+        dir.path().join("token"),
+        dir.path().join("root.crt"),
+    );
     let admin = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = admin.local_addr().unwrap();
     let (_, log_level) = ambit_proxy::logging::subscriber("info").unwrap();
@@ -199,18 +177,15 @@ async fn the_proxy_is_not_ready_while_the_control_plane_is_unreachable() {
 #[tokio::test]
 async fn bad_configuration_is_reported_all_at_once() {
     let config = Config {
-        node_name: "".into(),
         identity_url: "ambit-control:8080".into(),
-        discovery_url: "http://ok:8086".into(),
-        token_file: "/nonexistent/token".into(),
-        trust_anchors: "/nonexistent/roots.pem".into(),
         trust_domain: "Bad Domain".into(),
-        admin_addr: "127.0.0.1:0".parse().unwrap(),
-        detect_timeout: Duration::from_secs(10),
-        worker_threads: 1,
-        redirect: ambit_proxy::proxy::Redirect::Nftables,
-        control_identity: None,
-        log: "info".into(),
+        ..proxy_config(
+            "",
+            String::new(),
+            "http://ok:8086".into(),
+            "/nonexistent/token".into(),
+            "/nonexistent/roots.pem".into(),
+        )
     };
     let admin = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let (_, log_level) = ambit_proxy::logging::subscriber("info").unwrap();
