@@ -365,3 +365,49 @@ async fn the_proxy_installs_redirection_and_a_stopped_proxy_fails_closed() {
     b.stop().await;
     cp.stop().await;
 }
+
+/// Deletes a network namespace on drop.
+struct NetnsGuard(String);
+
+impl Drop for NetnsGuard {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("ip")
+            .args(["netns", "del", &self.0])
+            .output();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_whose_netns_appears_later_is_picked_up() {
+    let name = format!("amb{}late", std::process::id());
+    let yaml = format!(
+        "apiVersion: v1\nkind: Namespace\nmetadata: {{name: shop, annotations: {{ambit.dev/mesh: enabled}}}}\n---\n\
+         apiVersion: v1\nkind: Pod\nmetadata: {{name: late, namespace: shop, annotations: {{local.ambit.dev/netns: /run/netns/{name}}}}}\n\
+         spec: {{nodeName: node-a, containers: []}}\nstatus: {{podIP: 10.77.0.9}}\n"
+    );
+    let cp = ControlPlane::start(&yaml, &["node-a"]).await;
+    let a = NodeProxy::start(&cp, "node-a").await;
+    // The netns comes into being only now (a sandbox still being set up).
+    let guard = NetnsGuard(name.clone());
+    let out = std::process::Command::new("ip")
+        .args(["netns", "add", &name])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let pod = ambit_e2e::netns::PodNet {
+        name: guard.0.clone(),
+        ip: "10.77.0.9".parse().unwrap(),
+    };
+    let mut picked_up = false;
+    for _ in 0..150 {
+        if pod.nft_ruleset().contains("redirect to :4140") {
+            picked_up = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(picked_up, "the proxy never retried the pod");
+    a.stop().await;
+    cp.stop().await;
+    drop(guard);
+}

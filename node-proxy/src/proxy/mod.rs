@@ -47,6 +47,8 @@ pub const MESH_PORT: u16 = 4143;
 pub const INBOUND_PLAIN_PORT: u16 = 4144;
 /// `SO_MARK` on every socket the proxy opens in a pod, so that redirection skips them.
 pub const PROXY_MARK: u32 = 0x0a3b_0000;
+/// How soon opening a pod's listeners is tried again after it failed.
+pub const START_RETRY: std::time::Duration = std::time::Duration::from_secs(5);
 /// How long a departed pod's metric series stay, so that Prometheus scrapes them once more.
 pub const DEPARTED_METRICS_TTL: std::time::Duration = std::time::Duration::from_secs(60);
 /// Response header naming why the proxy failed a request, as Linkerd's `l5d-proxy-error`.
@@ -143,6 +145,7 @@ pub async fn serve_pods(
     let mut state = shared.state.clone();
     let mut running: BTreeMap<String, Running> = BTreeMap::new();
     loop {
+        let mut failed = false;
         let s = state.borrow_and_update().clone();
         // Endpoints that left discovery leave the balancer too.
         let known = s.known_ips();
@@ -192,13 +195,24 @@ pub async fn serve_pods(
                     );
                 }
                 Err(error) => {
-                    tracing::error!(pod = %key, %error, "cannot open listeners in the pod's network namespace")
+                    failed = true;
+                    tracing::error!(pod = %key, %error, retry_in = ?START_RETRY, "cannot open listeners in the pod's network namespace")
                 }
             }
         }
+        // A pod whose netns could not be entered (not there yet, a port taken) is tried
+        // again after a while even if discovery has nothing new to say.
+        let retry = async {
+            if failed {
+                tokio::time::sleep(START_RETRY).await
+            } else {
+                std::future::pending().await
+            }
+        };
         tokio::select! {
             _ = &mut shutdown => break,
             changed = state.changed() => if changed.is_err() { break },
+            _ = retry => {}
         }
     }
     for r in running.values() {
