@@ -89,6 +89,10 @@ impl Netns {
                     socket2::Type::STREAM,
                     None,
                 )?;
+                if addr.is_ipv6() {
+                    // The IPv4 listener on the same port is a socket of its own.
+                    socket.set_only_v6(true)?;
+                }
                 socket.set_reuse_address(true)?;
                 socket.set_nonblocking(true)?;
                 socket.bind(&addr.into())?;
@@ -127,6 +131,11 @@ impl Netns {
 /// The destination a connection had before an nftables REDIRECT sent it to us.
 pub fn original_dst(stream: &tokio::net::TcpStream) -> io::Result<SocketAddr> {
     use nix::sys::socket::{getsockopt, sockopt};
+    if stream.local_addr()?.is_ipv6() {
+        let sin6 = getsockopt(stream, sockopt::Ip6tOriginalDst).map_err(io::Error::from)?;
+        let ip = std::net::Ipv6Addr::from(sin6.sin6_addr.s6_addr);
+        return Ok(SocketAddr::from((ip, u16::from_be(sin6.sin6_port))));
+    }
     let sin = getsockopt(stream, sockopt::OriginalDst).map_err(io::Error::from)?;
     let ip = std::net::Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
     Ok(SocketAddr::from((ip, u16::from_be(sin.sin_port))))

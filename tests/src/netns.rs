@@ -25,6 +25,8 @@ pub struct PodNet {
     pub name: String,
     /// Its address.
     pub ip: std::net::Ipv4Addr,
+    /// Its IPv6 address (every test pod is dual-stack).
+    pub ip6: std::net::Ipv6Addr,
 }
 
 impl PodNet {
@@ -110,12 +112,18 @@ impl Topology {
                 "dev",
                 "eth0",
             ]);
+            let ip6: std::net::Ipv6Addr = format!("fd77::{}", i + 2).parse().unwrap();
+            // nodad: the address is usable at once, without duplicate address detection.
+            let ip6_cidr = format!("{ip6}/64");
+            run(&[
+                "ip", "-n", &ns, "addr", "add", &ip6_cidr, "dev", "eth0", "nodad",
+            ]);
             run(&["ip", "-n", &ns, "link", "set", "eth0", "up"]);
             run(&["ip", "-n", &ns, "link", "set", "lo", "up"]);
             // Service ClusterIPs need a route to be connectable; the bridge has no uplink,
             // so nothing leaves the test's namespaces.
             run(&["ip", "-n", &ns, "route", "add", "default", "dev", "eth0"]);
-            t.pods.push(PodNet { name: ns, ip });
+            t.pods.push(PodNet { name: ns, ip, ip6 });
         }
         t
     }

@@ -397,6 +397,7 @@ async fn a_pod_whose_netns_appears_later_is_picked_up() {
     let pod = ambit_e2e::netns::PodNet {
         name: guard.0.clone(),
         ip: "10.77.0.9".parse().unwrap(),
+        ip6: "fd77::9".parse().unwrap(),
     };
     let mut picked_up = false;
     for _ in 0..150 {
@@ -410,4 +411,49 @@ async fn a_pod_whose_netns_appears_later_is_picked_up() {
     a.stop().await;
     cp.stop().await;
     drop(guard);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dual_stack_pods_talk_over_ipv6_through_the_mesh() {
+    let t = Topology::new(&["client", "server", "outsider"]);
+    let (c, srv) = (t.pod("client"), t.pod("server"));
+    let yaml = format!(
+        "apiVersion: v1\nkind: Namespace\nmetadata: {{name: shop, annotations: {{ambit.dev/mesh: enabled}}}}\n---\n\
+         apiVersion: v1\nkind: Pod\nmetadata: {{name: client, namespace: shop, annotations: {{local.ambit.dev/netns: {}}}}}\n\
+         spec: {{nodeName: node-a, serviceAccountName: client, containers: []}}\nstatus: {{podIPs: [{{ip: {}}}, {{ip: \"{}\"}}]}}\n---\n\
+         apiVersion: v1\nkind: Pod\nmetadata: {{name: server, namespace: shop, annotations: {{local.ambit.dev/netns: {}}}}}\n\
+         spec: {{nodeName: node-b, serviceAccountName: server, containers: []}}\nstatus: {{podIPs: [{{ip: {}}}, {{ip: \"{}\"}}]}}\n",
+        c.path(), c.ip, c.ip6, srv.path(), srv.ip, srv.ip6
+    );
+    let cp = ControlPlane::start(&yaml, &["node-a", "node-b"]).await;
+    let (a, b) = (
+        NodeProxy::start(&cp, "node-a").await,
+        NodeProxy::start(&cp, "node-b").await,
+    );
+    let server_ns = Netns::open(std::path::Path::new(&srv.path())).unwrap();
+    let client_ns = Netns::open(std::path::Path::new(&c.path())).unwrap();
+    // The application listens on IPv6 only.
+    let listener = server_ns.bind("[::]:7000".parse().unwrap()).await.unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let (mut r, mut w) = s.split();
+                let _ = tokio::io::copy(&mut r, &mut w).await;
+                let _ = w.shutdown().await;
+            });
+        }
+    });
+    let dst = SocketAddr::from((srv.ip6, 7000));
+    let data = payload(64 * 1024);
+    assert_eq!(echo_through(&client_ns, dst, &data).await.unwrap(), data);
+    let ma = a.metrics().await;
+    let outbound = [
+        "direction=\"outbound\"",
+        "server_id=\"spiffe://cluster.local/ns/shop/sa/server\"",
+        "tls=\"true\"",
+    ];
+    assert_eq!(metric_sum(&ma, "tcp_open_total", &outbound), 1, "{ma}");
+    a.stop().await;
+    b.stop().await;
+    cp.stop().await;
 }

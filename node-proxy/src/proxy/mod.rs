@@ -35,7 +35,7 @@ use crate::identity::IdentityManager;
 use crate::netns::Netns;
 use crate::tls::TrustBundle;
 use std::collections::BTreeMap;
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 use tokio::sync::watch;
 
@@ -248,11 +248,21 @@ async fn start_pod(
 ) -> std::io::Result<(watch::Sender<bool>, Arc<Netns>)> {
     let path = workload.netns.clone().unwrap_or_default();
     let netns = Netns::open(&path)?;
-    let any = |port| SocketAddr::from((Ipv4Addr::UNSPECIFIED, port));
-    let outbound = netns.bind(any(OUTBOUND_PORT)).await?;
-    let mesh = netns.bind(any(MESH_PORT)).await?;
-    let plain = netns.bind(any(INBOUND_PLAIN_PORT)).await?;
-    tracing::info!(pod = %workload.key(), netns = %path.display(), "listening in the pod: 4140 outbound, 4143 mesh, 4144 plaintext");
+    // IPv4 always; IPv6 too when the pod has an IPv6 address (dual-stack clusters).
+    let mut unspecified = vec![IpAddr::V4(Ipv4Addr::UNSPECIFIED)];
+    if workload.ips.iter().any(IpAddr::is_ipv6) {
+        unspecified.push(IpAddr::V6(Ipv6Addr::UNSPECIFIED));
+    }
+    let mut listeners = Vec::new();
+    for ip in &unspecified {
+        let bind = |port| netns.bind(SocketAddr::new(*ip, port));
+        listeners.push((
+            bind(OUTBOUND_PORT).await?,
+            bind(MESH_PORT).await?,
+            bind(INBOUND_PLAIN_PORT).await?,
+        ));
+    }
+    tracing::info!(pod = %workload.key(), netns = %path.display(), families = unspecified.len(), "listening in the pod: 4140 outbound, 4143 mesh, 4144 plaintext");
     if shared.redirect == Redirect::Nftables {
         // Listeners first, rules second: a redirected connection always finds a listener.
         redirect::install(&netns, &workload).await?;
@@ -266,19 +276,26 @@ async fn start_pod(
         clients,
     });
     let (stop, stopped) = watch::channel(false);
-    tokio::spawn(outbound::serve(
-        outbound,
-        pod.clone(),
-        shared.clone(),
-        stopped.clone(),
-    ));
-    tokio::spawn(inbound::serve_mesh(
-        mesh,
-        pod.clone(),
-        shared.clone(),
-        stopped.clone(),
-    ));
-    tokio::spawn(inbound::serve_plain(plain, pod, shared.clone(), stopped));
+    for (outbound, mesh, plain) in listeners {
+        tokio::spawn(outbound::serve(
+            outbound,
+            pod.clone(),
+            shared.clone(),
+            stopped.clone(),
+        ));
+        tokio::spawn(inbound::serve_mesh(
+            mesh,
+            pod.clone(),
+            shared.clone(),
+            stopped.clone(),
+        ));
+        tokio::spawn(inbound::serve_plain(
+            plain,
+            pod.clone(),
+            shared.clone(),
+            stopped.clone(),
+        ));
+    }
     Ok((stop, pod_netns))
 }
 

@@ -35,7 +35,8 @@ fn port_set(ports: &PortSet) -> Option<String> {
     Some(format!("{{ {} }}", items.join(", ")))
 }
 
-/// The nft script for `w`: replaces the table atomically (one transaction).
+/// The nft script for `w`: replaces the IPv4 and IPv6 tables atomically (one
+/// transaction).
 pub fn rules(w: &Workload) -> String {
     let skip_out = port_set(&w.skip_outbound_ports)
         .map(|s| format!("    tcp dport {s} return\n"))
@@ -43,15 +44,23 @@ pub fn rules(w: &Workload) -> String {
     let skip_in = port_set(&w.skip_inbound_ports)
         .map(|s| format!("    tcp dport {s} return\n"))
         .unwrap_or_default();
+    let mut script = String::new();
+    for (family, loopback) in [("ip", "ip daddr 127.0.0.0/8"), ("ip6", "ip6 daddr ::1")] {
+        script.push_str(&table(family, loopback, &skip_out, &skip_in));
+    }
+    script
+}
+
+fn table(family: &str, loopback: &str, skip_out: &str, skip_in: &str) -> String {
     format!(
-        "table ip {TABLE} {{}}\n\
-         delete table ip {TABLE}\n\
-         table ip {TABLE} {{\n\
+        "table {family} {TABLE} {{}}\n\
+         delete table {family} {TABLE}\n\
+         table {family} {TABLE} {{\n\
          \x20 chain output {{\n\
          \x20   type nat hook output priority -100; policy accept;\n\
          \x20   meta mark {PROXY_MARK:#010x} return\n\
          \x20   oifname \"lo\" return\n\
-         \x20   ip daddr 127.0.0.0/8 return\n\
+         \x20   {loopback} return\n\
          {skip_out}\
          \x20   meta l4proto tcp redirect to :{OUTBOUND_PORT}\n\
          \x20 }}\n\
@@ -101,9 +110,10 @@ pub async fn install(netns: &Netns, w: &Workload) -> io::Result<()> {
 
 /// Removes the pod's rules (a pod that left; its netns may already be gone).
 pub async fn remove(netns: &Netns) -> io::Result<()> {
-    netns
-        .run(|| nft(&format!("table ip {TABLE} {{}}\ndelete table ip {TABLE}\n")))
-        .await?
+    let script = ["ip", "ip6"]
+        .map(|f| format!("table {f} {TABLE} {{}}\ndelete table {f} {TABLE}\n"))
+        .concat();
+    netns.run(move || nft(&script)).await?
 }
 
 #[cfg(test)]
