@@ -9,6 +9,7 @@ use clap::Parser;
 async fn main() -> anyhow::Result<()> {
     let config = Config::parse();
     tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
         .with_env_filter(tracing_subscriber::EnvFilter::try_new(&config.log).context("--log")?)
         .init();
     let listeners = Listeners {
