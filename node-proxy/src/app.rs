@@ -107,6 +107,7 @@ pub async fn run(
         drained(),
     ));
 
+    let serving = crate::proxy::ServingPods::default();
     let pods_task = tokio::spawn(crate::proxy::serve_pods(
         crate::proxy::Shared {
             identities: identities.clone(),
@@ -119,6 +120,7 @@ pub async fn run(
             detect_timeout: config.detect_timeout,
             departed_metrics_ttl: crate::proxy::DEPARTED_METRICS_TTL,
             redirect: config.redirect,
+            serving: serving.clone(),
         },
         config.node_name.clone(),
         drained(),
@@ -126,7 +128,12 @@ pub async fn run(
 
     let admin = Admin {
         registry: Arc::new(registry),
-        ready: ready_probe(identities.clone(), state_rx.clone()),
+        ready: ready_probe(
+            identities.clone(),
+            state_rx.clone(),
+            serving,
+            config.node_name.clone(),
+        ),
         dump: config_dump(config.clone(), identities.clone(), state_rx, bundle),
         log_level,
         shutdown: drain_tx.clone(),
@@ -194,10 +201,26 @@ pub async fn reconcile_identities(
 fn ready_probe(
     identities: IdentityManager,
     state: watch::Receiver<Arc<DiscoveryState>>,
+    serving: crate::proxy::ServingPods,
+    node: String,
 ) -> admin::ReadyProbe {
     Arc::new(move || {
-        if !state.borrow().synced {
+        let s = state.borrow().clone();
+        if !s.synced {
             return Err("discovery has not delivered a snapshot yet".into());
+        }
+        let open = serving
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        let waiting: Vec<_> = s
+            .local_workloads(&node)
+            .iter()
+            .filter(|w| w.netns.is_some() && !open.contains(&w.key()))
+            .map(|w| w.key())
+            .collect();
+        if !waiting.is_empty() {
+            return Err(format!("listeners not open yet for {}", waiting.join(", ")));
         }
         let missing: Vec<_> = identities
             .status()

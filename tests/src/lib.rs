@@ -284,15 +284,43 @@ impl NodeProxy {
             stop: Some(stop),
             task: Some(task),
         };
-        for _ in 0..500 {
-            if http_get(admin_addr, "/ready").await.0 == 200 {
-                return p;
+        p.wait_ready(node).await;
+        p
+    }
+
+    /// As [`Self::start`], without waiting for `/ready`.
+    pub async fn spawn(cp: &ControlPlane, node: &str) -> Self {
+        init_test_logging();
+        let config = Self::config(cp, node);
+        let admin = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let admin_addr = admin.local_addr().unwrap();
+        let (_, log_level) = ambit_proxy::logging::subscriber("info").unwrap();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            ambit_proxy::app::run(config, admin, log_level, async move {
+                let _ = stopped.await;
+            })
+            .await
+            .unwrap();
+        });
+        Self {
+            admin_addr,
+            stop: Some(stop),
+            task: Some(task),
+        }
+    }
+
+    /// Waits until `/ready` answers 200 (certificates, discovery and listeners in place).
+    pub async fn wait_ready(&self, node: &str) {
+        for _ in 0..1000 {
+            if http_get(self.admin_addr, "/ready").await.0 == 200 {
+                return;
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         panic!(
             "proxy of {node} not ready: {:?}",
-            http_get(admin_addr, "/ready").await
+            http_get(self.admin_addr, "/ready").await
         );
     }
 

@@ -386,7 +386,20 @@ async fn a_pod_whose_netns_appears_later_is_picked_up() {
          spec: {{nodeName: node-a, containers: []}}\nstatus: {{podIP: 10.77.0.9}}\n"
     );
     let cp = ControlPlane::start(&yaml, &["node-a"]).await;
-    let a = NodeProxy::start(&cp, "node-a").await;
+    let a = NodeProxy::spawn(&cp, "node-a").await;
+    // Not ready while a pod on the node has no listeners.
+    let mut said = String::new();
+    for _ in 0..200 {
+        said = ambit_e2e::http_get(a.admin_addr, "/ready").await.1;
+        if said.contains("listeners not open yet for shop/late") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert!(
+        said.contains("listeners not open yet for shop/late"),
+        "{said}"
+    );
     // The netns comes into being only now (a sandbox still being set up).
     let guard = NetnsGuard(name.clone());
     let out = std::process::Command::new("ip")
@@ -408,6 +421,7 @@ async fn a_pod_whose_netns_appears_later_is_picked_up() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(picked_up, "the proxy never retried the pod");
+    a.wait_ready("node-a").await;
     a.stop().await;
     cp.stop().await;
     drop(guard);

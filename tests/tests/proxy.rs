@@ -53,7 +53,9 @@ async fn wait_for_status(addr: SocketAddr, path: &str, want: u16) -> String {
 
 #[tokio::test]
 async fn the_proxy_gets_its_pods_identities_and_reports_ready() {
-    let cp = ControlPlane::start(CLUSTER, &["node-a"]).await;
+    let t = ambit_e2e::netns::Topology::new(&["web"]);
+    let cluster = CLUSTER.replace("/run/netns/web-0", &t.pod("web").path());
+    let cp = ControlPlane::start(&cluster, &["node-a"]).await;
     let config = NodeProxy::config(&cp, "node-a");
     let admin = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = admin.local_addr().unwrap();
@@ -71,7 +73,7 @@ async fn the_proxy_gets_its_pods_identities_and_reports_ready() {
     assert_eq!(code, 200);
     let dump: serde_json::Value = serde_json::from_str(&dump).unwrap();
     assert_eq!(dump["pods"][0]["pod"], "shop/web-0");
-    assert_eq!(dump["pods"][0]["netns"], "/run/netns/web-0");
+    assert_eq!(dump["pods"][0]["netns"], t.pod("web").path());
     assert_eq!(
         dump["identities"][0]["identity"],
         "spiffe://cluster.local/ns/shop/sa/web"
@@ -92,7 +94,7 @@ async fn the_proxy_gets_its_pods_identities_and_reports_ready() {
     assert!(metrics.contains("discovery_connected 1"), "{metrics}");
 
     // A second pod with a new identity: fetched ahead, and /ready reflects it.
-    cp.set_cluster(&format!("{CLUSTER}---\napiVersion: v1\nkind: Pod\nmetadata: {{name: db-0, namespace: shop}}\nspec: {{nodeName: node-a, serviceAccountName: db, containers: []}}\nstatus: {{podIP: 10.1.0.6}}\n"));
+    cp.set_cluster(&format!("{cluster}---\napiVersion: v1\nkind: Pod\nmetadata: {{name: db-0, namespace: shop}}\nspec: {{nodeName: node-a, serviceAccountName: db, containers: []}}\nstatus: {{podIP: 10.1.0.6}}\n"));
     for _ in 0..300 {
         let (_, d) = request(addr, "GET", "/config_dump", "").await;
         if d.contains("sa/db\"") && d.matches("cert_not_after_unix\": null").count() == 0 {

@@ -81,6 +81,18 @@ async fn mesh_connection(
     shared: &Shared,
     acceptor: TlsAcceptor,
 ) -> Result<(), ProxyError> {
+    // Anything but a TLS handshake record is refused at its first byte, instead of letting
+    // the TLS parser wait for a "record" of whatever length the garbage spells.
+    let mut first = [0u8; 1];
+    let peeked = tokio::time::timeout(HANDSHAKE_TIMEOUT, tcp.peek(&mut first))
+        .await
+        .map_err(|_| ProxyError::Client(format!("nothing received from {peer} in time")))?
+        .map_err(|e| ProxyError::Client(format!("reading from {peer}: {e}")))?;
+    if peeked == 0 || first[0] != 0x16 {
+        return Err(ProxyError::Client(format!(
+            "{peer} did not start a TLS handshake on the mesh port (plaintext to 4143?)"
+        )));
+    }
     let tls = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp))
         .await
         .map_err(|_| ProxyError::Client(format!("TLS handshake from {peer} timed out")))?

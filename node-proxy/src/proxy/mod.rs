@@ -106,7 +106,12 @@ pub struct Shared {
     pub departed_metrics_ttl: std::time::Duration,
     /// Whether the proxy installs nftables redirection in each pod.
     pub redirect: Redirect,
+    /// Pods whose listeners are open, for `/ready`.
+    pub serving: ServingPods,
 }
+
+/// The `<namespace>/<name>` of every pod whose listeners (and rules) are in place.
+pub type ServingPods = Arc<std::sync::Mutex<std::collections::BTreeSet<String>>>;
 
 /// How a pod's traffic reaches the proxy's listeners.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
@@ -200,6 +205,10 @@ pub async fn serve_pods(
                 }
             }
         }
+        *shared
+            .serving
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = running.keys().cloned().collect();
         // A pod whose netns could not be entered (not there yet, a port taken) is tried
         // again after a while even if discovery has nothing new to say.
         let retry = async {
