@@ -2,7 +2,7 @@
 
 use super::body::{self, Body};
 use super::{
-    accept_loop, relay, PodContext, ProxyError, Shared, TcpLabels, ERROR_HEADER, PROXY_MARK,
+    relay, serve_each, PodContext, ProxyError, Shared, TcpLabels, ERROR_HEADER, PROXY_MARK,
 };
 use crate::netns::original_dst;
 use crate::tls::{svid_identity, SpiffeClientVerifier};
@@ -62,15 +62,17 @@ pub(super) async fn serve_mesh(
             return;
         }
     };
-    accept_loop(listener, stop, move |stream, peer| {
-        let (pod, shared, acceptor) = (pod.clone(), shared.clone(), acceptor.clone());
-        async move {
-            if let Err(error) = mesh_connection(stream, peer, &pod, &shared, acceptor).await {
-                shared.metrics.error("inbound", error.kind());
-                tracing::info!(pod = %pod.workload.key(), %peer, %error, "mesh connection refused");
-            }
-        }
-    })
+    serve_each(
+        listener,
+        stop,
+        pod,
+        shared,
+        "inbound",
+        move |stream, peer, pod, shared| {
+            let acceptor = acceptor.clone();
+            async move { mesh_connection(stream, peer, &pod, &shared, acceptor).await }
+        },
+    )
     .await;
 }
 
@@ -178,16 +180,7 @@ async fn connect_stream(
         }
     };
     let w = &pod.workload;
-    let labels = TcpLabels {
-        direction: "inbound".into(),
-        namespace: w.namespace.clone(),
-        pod: w.name.clone(),
-        workload: w.workload.clone(),
-        client_id: client_id.to_string(),
-        server_id: String::new(),
-        dst_service: String::new(),
-        tls: "true".into(),
-    };
+    let labels = TcpLabels::inbound(w, client_id.to_string());
     tokio::spawn(async move {
         match hyper::upgrade::on(req).await {
             Ok(upgraded) => {
@@ -207,15 +200,14 @@ pub(super) async fn serve_plain(
     shared: Shared,
     stop: watch::Receiver<bool>,
 ) {
-    accept_loop(listener, stop, move |stream, peer| {
-        let (pod, shared) = (pod.clone(), shared.clone());
-        async move {
-            if let Err(error) = plain_connection(stream, &pod, &shared).await {
-                shared.metrics.error("inbound", error.kind());
-                tracing::info!(pod = %pod.workload.key(), %peer, %error, "plaintext inbound connection failed");
-            }
-        }
-    })
+    serve_each(
+        listener,
+        stop,
+        pod,
+        shared,
+        "inbound",
+        |stream, _, pod, shared| async move { plain_connection(stream, &pod, &shared).await },
+    )
     .await;
 }
 
@@ -241,16 +233,7 @@ async fn plain_connection(
         .await
         .map_err(|e| ProxyError::Upstream(format!("connecting to {target} in the pod: {e}")))?;
     let w = &pod.workload;
-    let labels = TcpLabels {
-        direction: "inbound".into(),
-        namespace: w.namespace.clone(),
-        pod: w.name.clone(),
-        workload: w.workload.clone(),
-        client_id: String::new(),
-        server_id: String::new(),
-        dst_service: String::new(),
-        tls: "no_identity".into(),
-    };
+    let labels = TcpLabels::inbound(w, String::new());
     shared.metrics.opened(&labels);
     let (read, written) = relay(&mut client, &mut server).await;
     shared.metrics.closed(&labels, read, written);

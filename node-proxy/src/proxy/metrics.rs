@@ -30,6 +30,52 @@ pub struct TcpLabels {
     pub tls: String,
 }
 
+impl TcpLabels {
+    /// An inbound connection to `w` from `client_id` ("" without mTLS).
+    pub fn inbound(w: &crate::discovery::Workload, client_id: String) -> Self {
+        let tls = if client_id.is_empty() {
+            "no_identity"
+        } else {
+            "true"
+        };
+        Self::new("inbound", w, client_id, String::new(), String::new(), tls)
+    }
+
+    /// An outbound connection from `w` to `server_id` ("" without mTLS), to `dst_service`.
+    pub fn outbound(
+        w: &crate::discovery::Workload,
+        server_id: String,
+        dst_service: String,
+    ) -> Self {
+        let tls = if server_id.is_empty() {
+            "no_identity"
+        } else {
+            "true"
+        };
+        Self::new("outbound", w, String::new(), server_id, dst_service, tls)
+    }
+
+    fn new(
+        direction: &str,
+        w: &crate::discovery::Workload,
+        client_id: String,
+        server_id: String,
+        dst_service: String,
+        tls: &str,
+    ) -> Self {
+        Self {
+            direction: direction.into(),
+            namespace: w.namespace.clone(),
+            pod: w.name.clone(),
+            workload: w.workload.clone(),
+            client_id,
+            server_id,
+            dst_service,
+            tls: tls.into(),
+        }
+    }
+}
+
 /// Why a connection failed, for `tcp_errors_total{error}`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ErrorLabels {

@@ -336,6 +336,32 @@ where
     }
 }
 
+/// Accepts until `stop` turns true and runs `handle` on each connection in its own task; a
+/// failure is counted in `tcp_errors_total{direction}` and logged with the pod and peer.
+pub(crate) async fn serve_each<F, Fut>(
+    listener: tokio::net::TcpListener,
+    stop: watch::Receiver<bool>,
+    pod: Arc<PodContext>,
+    shared: Shared,
+    direction: &'static str,
+    handle: F,
+) where
+    F: Fn(tokio::net::TcpStream, SocketAddr, Arc<PodContext>, Shared) -> Fut,
+    Fut: std::future::Future<Output = Result<(), ProxyError>> + Send + 'static,
+{
+    accept_loop(listener, stop, move |stream, peer| {
+        let failed = handle(stream, peer, pod.clone(), shared.clone());
+        let (pod, shared) = (pod.clone(), shared.clone());
+        async move {
+            if let Err(error) = failed.await {
+                shared.metrics.error(direction, error.kind());
+                tracing::info!(pod = %pod.workload.key(), %peer, direction, %error, "connection failed");
+            }
+        }
+    })
+    .await;
+}
+
 /// Accepts until `stop` turns true, spawning `handle` per connection.
 pub(crate) async fn accept_loop<F, Fut>(
     listener: tokio::net::TcpListener,

@@ -4,7 +4,7 @@
 use super::balance::Pick;
 use super::detect::{detect, Protocol};
 use super::tunnel::Tunnel;
-use super::{accept_loop, relay, PodContext, ProxyError, Shared, TcpLabels, PROXY_MARK};
+use super::{relay, serve_each, PodContext, ProxyError, Shared, TcpLabels, PROXY_MARK};
 use crate::discovery::{Destination, DiscoveryState};
 use crate::netns::original_dst;
 use ambit_api::ports::{PortSet, DEFAULT_OPAQUE_PORTS};
@@ -20,15 +20,14 @@ pub(super) async fn serve(
     shared: Shared,
     stop: watch::Receiver<bool>,
 ) {
-    accept_loop(listener, stop, move |stream, peer| {
-        let (pod, shared) = (pod.clone(), shared.clone());
-        async move {
-            if let Err(error) = proxy(stream, &pod, &shared).await {
-                shared.metrics.error("outbound", error.kind());
-                tracing::info!(pod = %pod.workload.key(), %peer, %error, "outbound connection failed");
-            }
-        }
-    })
+    serve_each(
+        listener,
+        stop,
+        pod,
+        shared,
+        "outbound",
+        |stream, _, pod, shared| async move { proxy(stream, &pod, &shared).await },
+    )
     .await;
 }
 
@@ -142,16 +141,7 @@ async fn proxy(
     }
     let w = &pod.workload;
     let (route, pick, dst_service) = route(dst, shared)?;
-    let labels = |server_id: String, tls: &str| TcpLabels {
-        direction: "outbound".into(),
-        namespace: w.namespace.clone(),
-        pod: w.name.clone(),
-        workload: w.workload.clone(),
-        client_id: String::new(),
-        server_id,
-        dst_service: dst_service.clone(),
-        tls: tls.into(),
-    };
+    let labels = |server_id: String| TcpLabels::outbound(w, server_id, dst_service.clone());
     match route {
         Route::Direct(target) => {
             let connected = pod.netns.connect(target, PROXY_MARK).await;
@@ -165,7 +155,7 @@ async fn proxy(
                     return Err(ProxyError::Upstream(format!("connecting to {target}: {e}")));
                 }
             };
-            let l = labels(String::new(), "no_identity");
+            let l = labels(String::new());
             shared.metrics.opened(&l);
             let (read, written) = relay(&mut client, &mut server).await;
             shared.metrics.closed(&l, read, written);
@@ -198,7 +188,7 @@ async fn proxy(
                 }
             };
             let mut server = hyper_util::rt::TokioIo::new(upgraded);
-            let l = labels(expected.to_string(), "true");
+            let l = labels(expected.to_string());
             shared.metrics.opened(&l);
             let (read, written) = relay(&mut client, &mut server).await;
             shared.metrics.closed(&l, read, written);
