@@ -138,6 +138,8 @@ struct Running {
     workload: Arc<Workload>,
     netns: Arc<Netns>,
     stop: watch::Sender<bool>,
+    /// The accept loops; they end (closing the listeners) soon after `stop`.
+    loops: Vec<tokio::task::JoinHandle<()>>,
 }
 
 /// Opens listeners in each local pod's netns as pods arrive, closes them as pods leave.
@@ -189,13 +191,14 @@ pub async fn serve_pods(
                 continue;
             }
             match start_pod(&shared, w.clone()).await {
-                Ok((stop, netns)) => {
+                Ok((stop, netns, loops)) => {
                     running.insert(
                         key,
                         Running {
                             workload: w,
                             netns,
                             stop,
+                            loops,
                         },
                     );
                 }
@@ -224,8 +227,15 @@ pub async fn serve_pods(
             _ = retry => {}
         }
     }
+    // Shutting down: stop accepting everywhere, and return only once every listener is
+    // closed, so that a stopped proxy leaves nothing that accepts (fail closed).
     for r in running.values() {
         r.stop.send_replace(true);
+    }
+    for r in running.into_values() {
+        for l in r.loops {
+            let _ = l.await;
+        }
     }
 }
 
@@ -254,7 +264,11 @@ fn forget_later(
 async fn start_pod(
     shared: &Shared,
     workload: Arc<Workload>,
-) -> std::io::Result<(watch::Sender<bool>, Arc<Netns>)> {
+) -> std::io::Result<(
+    watch::Sender<bool>,
+    Arc<Netns>,
+    Vec<tokio::task::JoinHandle<()>>,
+)> {
     let path = workload.netns.clone().unwrap_or_default();
     let netns = Netns::open(&path)?;
     // IPv4 always; IPv6 too when the pod has an IPv6 address (dual-stack clusters).
@@ -285,27 +299,28 @@ async fn start_pod(
         clients,
     });
     let (stop, stopped) = watch::channel(false);
+    let mut loops = Vec::new();
     for (outbound, mesh, plain) in listeners {
-        tokio::spawn(outbound::serve(
+        loops.push(tokio::spawn(outbound::serve(
             outbound,
             pod.clone(),
             shared.clone(),
             stopped.clone(),
-        ));
-        tokio::spawn(inbound::serve_mesh(
+        )));
+        loops.push(tokio::spawn(inbound::serve_mesh(
             mesh,
             pod.clone(),
             shared.clone(),
             stopped.clone(),
-        ));
-        tokio::spawn(inbound::serve_plain(
+        )));
+        loops.push(tokio::spawn(inbound::serve_plain(
             plain,
             pod.clone(),
             shared.clone(),
             stopped.clone(),
-        ));
+        )));
     }
-    Ok((stop, pod_netns))
+    Ok((stop, pod_netns, loops))
 }
 
 /// Copy buffer per direction of a relayed connection. 8 KiB (tokio's default) cost a TLS
