@@ -62,10 +62,8 @@ fn strip_hop_by_hop(h: &mut HeaderMap) {
 pub fn error_response(e: &ProxyError) -> Response<Body> {
     let status = match e {
         ProxyError::Client(_) => StatusCode::BAD_REQUEST,
-        ProxyError::Upstream(m) if m.contains("timed out") => StatusCode::GATEWAY_TIMEOUT,
-        ProxyError::Upstream(m) if m.contains("no ready endpoints") => {
-            StatusCode::SERVICE_UNAVAILABLE
-        }
+        ProxyError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
+        ProxyError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
         ProxyError::Upstream(_) => StatusCode::BAD_GATEWAY,
         ProxyError::Identity(_) => StatusCode::SERVICE_UNAVAILABLE,
         ProxyError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -128,7 +126,7 @@ fn candidates(dst: SocketAddr, shared: &Shared) -> Result<(Vec<Candidate>, Strin
             service, endpoints, ..
         } => {
             if endpoints.is_empty() {
-                return Err(ProxyError::Upstream(format!(
+                return Err(ProxyError::Unavailable(format!(
                     "no ready endpoints for Service {}/{} port {}",
                     service.namespace,
                     service.name,
@@ -191,7 +189,7 @@ async fn outbound_request(
     labels.dst_service = dst_service;
     let addrs: Vec<SocketAddr> = cands.iter().map(|c| c.addr).collect();
     let Some((i, pick)) = shared.balancer.pick(&addrs) else {
-        return error_response(&ProxyError::Upstream("no ready endpoints".into()));
+        return error_response(&ProxyError::Unavailable("no ready endpoints".into()));
     };
     let chosen = &cands[i];
     if let Some(id) = &chosen.identity {
@@ -291,6 +289,21 @@ async fn via_mesh(
     Ok(Response::from_parts(parts, body::incoming(b)))
 }
 
+/// Whether an I/O timeout is somewhere in `e`'s chain of causes.
+fn timed_out(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if err
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut)
+        {
+            return true;
+        }
+        cur = err.source();
+    }
+    false
+}
+
 fn insert(h: &mut HeaderMap, name: &'static str, value: &str) {
     if let Ok(v) = HeaderValue::from_str(value) {
         h.insert(name, v);
@@ -347,17 +360,13 @@ async fn deliver(
         .request(Request::from_parts(parts, body))
         .await
         .map_err(|e| {
-            let timed_out =
-                std::error::Error::source(&e).is_some_and(|s| s.to_string().contains("timed out"));
-            if timed_out {
-                ProxyError::Upstream(format!("connecting to {target} timed out"))
+            let cause = std::error::Error::source(&e)
+                .map(|s| format!(": {s}"))
+                .unwrap_or_default();
+            if timed_out(&e) {
+                ProxyError::Timeout(format!("connecting to {target}{cause}"))
             } else {
-                ProxyError::Upstream(format!(
-                    "{target}: {e}{}",
-                    std::error::Error::source(&e)
-                        .map(|s| format!(": {s}"))
-                        .unwrap_or_default()
-                ))
+                ProxyError::Upstream(format!("{target}: {e}{cause}"))
             }
         })?;
     let (mut parts, b) = resp.into_parts();
@@ -419,4 +428,36 @@ pub(super) async fn inbound_request(
         error_response(&e)
     });
     shared.http.response(labels, start.elapsed(), resp)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_cause_gets_its_status_and_names_itself() {
+        for (e, status) in [
+            (ProxyError::Client("bad".into()), 400),
+            (ProxyError::Upstream("refused".into()), 502),
+            (ProxyError::Unavailable("no ready endpoints".into()), 503),
+            (ProxyError::Identity("no certificate".into()), 503),
+            (ProxyError::Timeout("connecting".into()), 504),
+            (ProxyError::Internal("oops".into()), 500),
+        ] {
+            let resp = error_response(&e);
+            assert_eq!(resp.status().as_u16(), status, "{e}");
+            assert_eq!(resp.headers()[ERROR_HEADER], e.to_string().as_str());
+        }
+    }
+
+    #[test]
+    fn a_timeout_deep_in_the_cause_chain_is_found() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("connect failed")]
+        struct Wrapper(#[source] std::io::Error);
+        let deep = Wrapper(std::io::Error::new(std::io::ErrorKind::TimedOut, "slow"));
+        assert!(timed_out(&deep));
+        let refused = Wrapper(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+        assert!(!timed_out(&refused));
+    }
 }

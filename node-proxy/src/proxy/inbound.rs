@@ -5,7 +5,7 @@ use super::{
     relay, serve_each, PodContext, ProxyError, Shared, TcpLabels, ERROR_HEADER, PROXY_MARK,
 };
 use crate::netns::original_dst;
-use crate::tls::{svid_identity, SpiffeClientVerifier};
+use crate::tls::svid_identity;
 use ambit_api::WorkloadIdentity;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -38,14 +38,11 @@ impl ResolvesServerCert for PodCert {
 }
 
 fn acceptor(pod: &PodContext, shared: &Shared) -> Result<TlsAcceptor, rustls::Error> {
-    let mut config = rustls::ServerConfig::builder_with_provider(crate::tls::provider())
-        .with_protocol_versions(&[&rustls::version::TLS13])?
-        .with_client_cert_verifier(Arc::new(SpiffeClientVerifier::new(shared.bundle.clone())))
-        .with_cert_resolver(Arc::new(PodCert {
-            shared: shared.clone(),
-            identity: pod.workload.identity.clone(),
-        }));
-    config.alpn_protocols = vec![crate::tls::MESH_ALPN.to_vec()];
+    let resolver = Arc::new(PodCert {
+        shared: shared.clone(),
+        identity: pod.workload.identity.clone(),
+    });
+    let config = crate::tls::server_config_with(&shared.bundle, resolver)?;
     Ok(TlsAcceptor::from(Arc::new(config)))
 }
 

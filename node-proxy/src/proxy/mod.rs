@@ -60,6 +60,12 @@ pub enum ProxyError {
     /// The peer could not be reached or refused.
     #[error("upstream: {0}")]
     Upstream(String),
+    /// The peer did not answer in time.
+    #[error("upstream timed out: {0}")]
+    Timeout(String),
+    /// No endpoint to send to (a Service without ready endpoints).
+    #[error("unavailable: {0}")]
+    Unavailable(String),
     /// An identity could not be proven or was not the expected one.
     #[error("identity: {0}")]
     Identity(String),
@@ -76,6 +82,8 @@ impl ProxyError {
     pub fn kind(&self) -> &'static str {
         match self {
             ProxyError::Upstream(_) => "upstream",
+            ProxyError::Timeout(_) => "timeout",
+            ProxyError::Unavailable(_) => "unavailable",
             ProxyError::Identity(_) => "identity",
             ProxyError::Client(_) => "client",
             ProxyError::Internal(_) => "internal",

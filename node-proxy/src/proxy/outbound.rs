@@ -69,7 +69,7 @@ fn route(dst: SocketAddr, shared: &Shared) -> Result<(Route, Option<Pick>, Strin
         } => {
             let addrs: Vec<SocketAddr> = endpoints.iter().map(|(a, _)| *a).collect();
             let Some((i, pick)) = shared.balancer.pick(&addrs) else {
-                return Err(ProxyError::Upstream(format!(
+                return Err(ProxyError::Unavailable(format!(
                     "no ready endpoints for Service {}/{} port {}",
                     service.namespace,
                     service.name,

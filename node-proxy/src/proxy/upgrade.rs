@@ -133,7 +133,7 @@ pub(super) async fn forward(
         .map_err(|e| ProxyError::Upstream(format!("sending the upgrade request: {e}")))?;
     let (resp, rest) = tokio::time::timeout(RESPONSE_TIMEOUT, read_head(upstream.as_mut()))
         .await
-        .map_err(|_| ProxyError::Upstream(format!("upgrade response from {target} timed out")))??;
+        .map_err(|_| ProxyError::Timeout(format!("upgrade response from {target}")))??;
     if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
         tokio::spawn(async move {
             match client_side.await {

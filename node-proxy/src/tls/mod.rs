@@ -123,11 +123,20 @@ pub fn server_config(
     bundle: &TrustBundle,
     own: Arc<CertifiedKey>,
 ) -> Result<rustls::ServerConfig, rustls::Error> {
+    server_config_with(bundle, Arc::new(rustls::sign::SingleCertAndKey::from(own)))
+}
+
+/// As [`server_config`], with the certificate chosen per handshake by `resolver` (so that a
+/// renewed certificate is used at once).
+pub fn server_config_with(
+    bundle: &TrustBundle,
+    resolver: Arc<dyn rustls::server::ResolvesServerCert>,
+) -> Result<rustls::ServerConfig, rustls::Error> {
     let verifier = Arc::new(SpiffeClientVerifier::new(bundle.clone()));
     let mut config = rustls::ServerConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13])?
         .with_client_cert_verifier(verifier)
-        .with_cert_resolver(Arc::new(rustls::sign::SingleCertAndKey::from(own)));
+        .with_cert_resolver(resolver);
     config.alpn_protocols = vec![MESH_ALPN.to_vec()];
     Ok(config)
 }
