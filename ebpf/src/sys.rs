@@ -1,0 +1,157 @@
+//! The few kernel calls aya 0.13 does not offer for these program types: creating a
+//! `bpf_link` we own (so that it can be pinned and outlive the proxy), pinning and opening
+//! it, pointing it at a new program, the netns cookie of a socket, and bpffs.
+#![allow(unsafe_code)]
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+const BPF_OBJ_PIN: libc::c_long = 6;
+const BPF_OBJ_GET: libc::c_long = 7;
+const BPF_LINK_CREATE: libc::c_long = 28;
+const BPF_LINK_UPDATE: libc::c_long = 29;
+
+/// `bpf_attach_type` values used here.
+pub const BPF_CGROUP_SOCK_OPS: u32 = 3;
+/// `cgroup/connect4`.
+pub const BPF_CGROUP_INET4_CONNECT: u32 = 10;
+/// `cgroup/connect6`.
+pub const BPF_CGROUP_INET6_CONNECT: u32 = 11;
+/// `sk_lookup`.
+pub const BPF_SK_LOOKUP: u32 = 36;
+
+/// `SO_NETNS_COOKIE` (Linux 5.14).
+const SO_NETNS_COOKIE: libc::c_int = 71;
+/// `BPF_FS_MAGIC`.
+const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+
+/// A zeroed `union bpf_attr`, large enough for every command used here; the kernel wants
+/// the bytes past the fields it reads to be zero.
+#[repr(C, align(8))]
+struct Attr([u32; 32]);
+
+fn bpf(cmd: libc::c_long, attr: &mut Attr) -> io::Result<libc::c_long> {
+    // SAFETY: `attr` is a live, zero-padded bpf_attr of the size given.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            cmd,
+            attr as *mut Attr,
+            std::mem::size_of::<Attr>(),
+        )
+    };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r)
+    }
+}
+
+fn owned(fd: libc::c_long) -> io::Result<OwnedFd> {
+    let fd = i32::try_from(fd).map_err(|_| io::Error::other("bpf returned a bad fd"))?;
+    // SAFETY: the kernel just returned this fd to us and nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// `BPF_LINK_CREATE`: attaches `prog` to `target` (a cgroup or netns fd).
+pub fn link_create(
+    prog: BorrowedFd<'_>,
+    target: BorrowedFd<'_>,
+    attach_type: u32,
+) -> io::Result<OwnedFd> {
+    let mut attr = Attr([0; 32]);
+    attr.0[0] = prog.as_raw_fd() as u32;
+    attr.0[1] = target.as_raw_fd() as u32;
+    attr.0[2] = attach_type;
+    owned(bpf(BPF_LINK_CREATE, &mut attr)?)
+}
+
+/// `BPF_LINK_UPDATE`: the link runs `prog` from now on.
+pub fn link_update(link: BorrowedFd<'_>, prog: BorrowedFd<'_>) -> io::Result<()> {
+    let mut attr = Attr([0; 32]);
+    attr.0[0] = link.as_raw_fd() as u32;
+    attr.0[1] = prog.as_raw_fd() as u32;
+    bpf(BPF_LINK_UPDATE, &mut attr).map(drop)
+}
+
+fn path_attr(path: &Path, fd: u32) -> io::Result<(Attr, CString)> {
+    let c = CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::other(format!("{} contains a NUL byte", path.display())))?;
+    let mut attr = Attr([0; 32]);
+    let ptr = c.as_ptr() as u64;
+    attr.0[0] = ptr as u32;
+    attr.0[1] = (ptr >> 32) as u32;
+    attr.0[2] = fd;
+    Ok((attr, c))
+}
+
+/// `BPF_OBJ_PIN`: `fd` stays alive at `path` (on bpffs) after the process exits.
+pub fn obj_pin(fd: BorrowedFd<'_>, path: &Path) -> io::Result<()> {
+    let (mut attr, _keep) = path_attr(path, fd.as_raw_fd() as u32)?;
+    bpf(BPF_OBJ_PIN, &mut attr).map(drop)
+}
+
+/// `BPF_OBJ_GET`: opens what is pinned at `path`.
+pub fn obj_get(path: &Path) -> io::Result<OwnedFd> {
+    let (mut attr, _keep) = path_attr(path, 0)?;
+    owned(bpf(BPF_OBJ_GET, &mut attr)?)
+}
+
+/// The cookie of the network namespace `socket` belongs to — what
+/// `bpf_get_netns_cookie` returns to the programs for sockets of that namespace.
+pub fn netns_cookie(socket: BorrowedFd<'_>) -> io::Result<u64> {
+    let mut cookie: u64 = 0;
+    let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
+    // SAFETY: `cookie` and `len` are valid for writes of the sizes given.
+    let r = unsafe {
+        libc::getsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            SO_NETNS_COOKIE,
+            (&mut cookie as *mut u64).cast(),
+            &mut len,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(cookie)
+}
+
+/// Whether `path` is on a bpffs.
+pub fn is_bpffs(path: &Path) -> io::Result<bool> {
+    let c = CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::other(format!("{} contains a NUL byte", path.display())))?;
+    // SAFETY: an all-zero statfs is a valid value to be overwritten.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a valid C string and `st` is valid for writes.
+    let r = unsafe { libc::statfs(c.as_ptr(), &mut st) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(st.f_type as i64 == BPF_FS_MAGIC)
+}
+
+/// Mounts a bpffs at `path` (as `mount -t bpf bpf <path>`).
+pub fn mount_bpffs(path: &Path) -> io::Result<()> {
+    let target = CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::other(format!("{} contains a NUL byte", path.display())))?;
+    let fstype = c"bpf";
+    // SAFETY: every pointer is a valid C string; no data argument.
+    let r = unsafe {
+        libc::mount(
+            fstype.as_ptr(),
+            target.as_ptr(),
+            fstype.as_ptr(),
+            0,
+            std::ptr::null(),
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
