@@ -11,13 +11,21 @@ fn main() {
     let manifest = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").unwrap_or_default());
     let out = PathBuf::from(std::env::var_os("OUT_DIR").unwrap_or_default());
     let object = out.join("ambit-redirect.o");
-    for path in ["programs/src", "programs/Cargo.toml", "programs/Cargo.lock", "common/src"] {
+    for path in [
+        "programs/src",
+        "programs/Cargo.toml",
+        "programs/Cargo.lock",
+        "common/src",
+    ] {
         println!("cargo:rerun-if-changed={}", manifest.join(path).display());
     }
     println!("cargo:rerun-if-env-changed=AMBIT_EBPF_OBJECT");
     if let Some(prebuilt) = std::env::var_os("AMBIT_EBPF_OBJECT") {
         if let Err(e) = std::fs::copy(&prebuilt, &object) {
-            panic!("AMBIT_EBPF_OBJECT={}: {e}", PathBuf::from(prebuilt).display());
+            panic!(
+                "AMBIT_EBPF_OBJECT={}: {e}",
+                PathBuf::from(prebuilt).display()
+            );
         }
         return;
     }

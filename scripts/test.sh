@@ -13,8 +13,9 @@ log() { printf '\n==> %s\n' "$*"; }
 # --- Debian packages -----------------------------------------------------------------
 # protobuf-compiler: tonic/prost code generation; openssl: chain checks in the tests;
 # iproute2, nftables, curl: the network-namespace tests (pods as netns, redirection rules,
-# a real HTTP client through the mesh).
-packages=(protobuf-compiler openssl iproute2 nftables curl)
+# a real HTTP client through the mesh); containernetworking-plugins: the real CNI plugins
+# (bridge, host-local, loopback) ambit-cni is chained with; python3: test clients.
+packages=(protobuf-compiler openssl iproute2 nftables curl containernetworking-plugins python3)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -31,6 +32,14 @@ for c in rustfmt clippy; do
     rustup component list --installed 2>/dev/null | grep -q "^$c" || rustup component add "$c"
 done
 
+# The eBPF programs: nightly rust-src and bpf-linker (ebpf/build.rs compiles them).
+log "eBPF toolchain"
+./scripts/install-bpf-toolchain.sh
+rustup component list --toolchain nightly --installed 2>/dev/null | grep -q '^clippy' \
+    || rustup component add clippy --toolchain nightly
+rustup component list --toolchain nightly --installed 2>/dev/null | grep -q '^rustfmt' \
+    || rustup component add rustfmt --toolchain nightly
+
 if [ "$(id -u)" != 0 ]; then
     echo "the network-namespace tests need root (as on the developer machines and in CI)" >&2
     exit 1
@@ -39,9 +48,13 @@ fi
 # --- Checks --------------------------------------------------------------------------
 log "cargo fmt --check"
 cargo fmt --all -- --check
+cargo +nightly fmt --manifest-path ebpf/programs/Cargo.toml -- --check
 
 log "cargo clippy --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings
+log "cargo clippy (eBPF programs, bpfel-unknown-none)"
+(cd ebpf/programs && cargo +nightly clippy --locked --release -Z build-std=core \
+    --target bpfel-unknown-none -- -D warnings)
 
 log "cargo test"
 cargo test --workspace --locked

@@ -295,7 +295,10 @@ impl Redirection {
         plain: &impl AsRawFd,
     ) -> Result<(), Error> {
         let (words, family) = ip_words(ip);
-        for (kind, fd) in [(LISTENER_MESH, mesh.as_raw_fd()), (LISTENER_PLAIN, plain.as_raw_fd())] {
+        for (kind, fd) in [
+            (LISTENER_MESH, mesh.as_raw_fd()),
+            (LISTENER_PLAIN, plain.as_raw_fd()),
+        ] {
             let key = ListenerKey {
                 ip: words,
                 family: u32::from(family),
@@ -402,7 +405,8 @@ where
         name,
         detail: "program not in the object".into(),
     })?;
-    p.try_into().map_err(|source| Error::Program { name, source })
+    p.try_into()
+        .map_err(|source| Error::Program { name, source })
 }
 
 /// Detaches everything pinned under `pin_dir` and removes it: the cgroup and pod links
@@ -441,7 +445,11 @@ mod tests {
             assert_eq!(orig_to_addr(&d), addr);
         }
         // IPv4 as the kernel hands it over: the first octet in the lowest byte.
-        let (ip, _) = ip_words("10.1.2.3".parse().unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED)));
+        let (ip, _) = ip_words(
+            "10.1.2.3"
+                .parse()
+                .unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED)),
+        );
         assert_eq!(ip[0].to_ne_bytes(), [10, 1, 2, 3]);
     }
 

@@ -69,7 +69,16 @@ impl Lab {
             "netns", &peer,
         ]);
         for (ns, ip) in [(&pod, lab.pod_ip), (&peer, lab.peer_ip)] {
-            run(&["ip", "-n", ns, "addr", "add", &format!("{ip}/24"), "dev", "eth0"]);
+            run(&[
+                "ip",
+                "-n",
+                ns,
+                "addr",
+                "add",
+                &format!("{ip}/24"),
+                "dev",
+                "eth0",
+            ]);
             run(&["ip", "-n", ns, "link", "set", "eth0", "up"]);
             run(&["ip", "-n", ns, "link", "set", "lo", "up"]);
         }
@@ -208,8 +217,8 @@ fn outbound_connects_reach_the_outbound_listener_with_their_original_destination
     let lab = &Lab::new("out");
     let mut r = Redirection::load(&lab.pin_dir).unwrap();
     r.attach_cgroup(&lab.cgroup).unwrap();
-    let l = open_listeners(&lab);
-    let cookie = register(&lab, &mut r, &l);
+    let l = open_listeners(lab);
+    let cookie = register(lab, &mut r, &l);
 
     // An address nothing answers at: only the redirection can make this connect work.
     let dst: SocketAddr = "10.211.250.9:80".parse().unwrap();
@@ -261,8 +270,8 @@ fn outbound_connects_reach_the_outbound_listener_with_their_original_destination
 fn inbound_connects_are_steered_to_the_mesh_and_plaintext_listeners() {
     let lab = &Lab::new("in");
     let mut r = Redirection::load(&lab.pin_dir).unwrap();
-    let l = open_listeners(&lab);
-    register(&lab, &mut r, &l);
+    let l = open_listeners(lab);
+    register(lab, &mut r, &l);
     let app = lab.listen(&lab.pod, 8080);
     let pod = IpAddr::V4(lab.pod_ip);
 
@@ -281,7 +290,10 @@ fn inbound_connects_are_steered_to_the_mesh_and_plaintext_listeners() {
         assert!(serve_one(&l.mesh, "mesh").is_some(), "steered to 4143");
         assert_eq!(c.join().unwrap().unwrap(), "mesh");
     });
-    assert!(nothing_pending(&app), "the application saw nothing directly");
+    assert!(
+        nothing_pending(&app),
+        "the application saw nothing directly"
+    );
 
     // A skip-inbound port reaches the application directly.
     let ssh = lab.listen(&lab.pod, 22);
@@ -294,8 +306,8 @@ fn inbound_connects_are_steered_to_the_mesh_and_plaintext_listeners() {
     // The pod to itself (as the proxy delivers to the application) takes the ordinary
     // path, from the pod's own address.
     let delivered = lab.in_netns(&lab.pod, move || {
-        let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
-            .unwrap();
+        let sock =
+            socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
         sock.connect(&SocketAddr::new(pod, 8080).into()).map(|_| ())
     });
     delivered.unwrap();
@@ -307,8 +319,8 @@ fn a_pod_whose_listeners_are_gone_fails_closed_and_a_new_loader_restores_it() {
     let lab = &Lab::new("closed");
     let mut r = Redirection::load(&lab.pin_dir).unwrap();
     r.attach_cgroup(&lab.cgroup).unwrap();
-    let l = open_listeners(&lab);
-    register(&lab, &mut r, &l);
+    let l = open_listeners(lab);
+    register(lab, &mut r, &l);
     let app = lab.listen(&lab.pod, 8080);
     let remote = lab.listen(&lab.peer, 9000);
     let pod = IpAddr::V4(lab.pod_ip);
@@ -319,17 +331,23 @@ fn a_pod_whose_listeners_are_gone_fails_closed_and_a_new_loader_restores_it() {
     drop(r);
     let inbound = lab.client(&lab.peer, SocketAddr::new(pod, 8080), 0);
     assert!(inbound.is_err(), "inbound must be refused: {inbound:?}");
-    assert!(nothing_pending(&app), "nothing reached the application in plaintext");
+    assert!(
+        nothing_pending(&app),
+        "nothing reached the application in plaintext"
+    );
     let outbound = lab.client(&lab.pod, SocketAddr::new(lab.peer_ip.into(), 9000), 0);
     assert!(outbound.is_err(), "outbound must be refused: {outbound:?}");
-    assert!(nothing_pending(&remote), "nothing left the pod around the proxy");
+    assert!(
+        nothing_pending(&remote),
+        "nothing left the pod around the proxy"
+    );
 
     // A new proxy: loads again over the same pins, opens new listeners, and the pod is
     // served again.
     let mut r = Redirection::load(&lab.pin_dir).unwrap();
     r.attach_cgroup(&lab.cgroup).unwrap();
-    let l = open_listeners(&lab);
-    register(&lab, &mut r, &l);
+    let l = open_listeners(lab);
+    register(lab, &mut r, &l);
     std::thread::scope(|s| {
         let c = s.spawn(move || lab.client(&lab.peer, SocketAddr::new(pod, 8080), 0));
         assert!(serve_one(&l.plain, "back").is_some());
