@@ -2,6 +2,7 @@
 //!
 //! # Layout
 //!
+//! - [`cni`]: the messages between the CNI plugin and the node proxy.
 //! - [`identity`]: workload identities, their SPIFFE IDs and DNS names.
 //! - [`duration`]: durations as written in configuration (`24h`, `500ms`).
 //! - [`ports`]: port sets as written in annotations (`25,3306,4000-4100`).
@@ -10,6 +11,7 @@
 //! The node proxy and the control plane never import each other; this crate is all they
 //! share.
 
+pub mod cni;
 pub mod duration;
 pub mod identity;
 pub mod ports;

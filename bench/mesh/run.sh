@@ -95,6 +95,7 @@ for node in a b; do
     "$BIN/ambit-proxy" --node-name "node-$node" --identity-url http://127.0.0.1:18080 \
         --discovery-url http://127.0.0.1:18086 --token-file "$WORK/node-$node.token" \
         --trust-anchors "$WORK/pki/trust-anchor.crt" --admin-addr "127.0.0.1:$port" --log warn \
+        --redirect nftables --cni-socket '' --run-dir "$WORK/run-$node" \
         2>"$OUT/proxy-$node.log" &
     PIDS+=($!)
     eval "PROXY_${node^^}=$!"

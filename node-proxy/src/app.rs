@@ -29,6 +29,9 @@ pub enum AppError {
     /// The admin server failed.
     #[error("admin server: {0}")]
     Admin(String),
+    /// Redirection could not be set up (`--redirect ebpf` on a kernel that refuses it).
+    #[error("--redirect {0}")]
+    Redirect(String),
 }
 
 /// Runs the proxy until `shutdown` resolves or `POST /shutdown` is received, then drains.
@@ -67,6 +70,18 @@ pub async fn run(
     let discovery_metrics = DiscoveryMetrics::register(&mut registry);
     let tcp_metrics = crate::proxy::TcpMetrics::register(&mut registry);
     let http_metrics = crate::proxy::HttpMetrics::register(&mut registry);
+    let cni_metrics = crate::cni::CniMetrics::register(&mut registry);
+
+    let redirector =
+        crate::proxy::Redirector::new(config.redirect, &config.bpf_pin_dir, &config.cgroup_path)
+            .map_err(|e| {
+                AppError::Redirect(format!(
+                    "{}: {e}",
+                    serde_json::to_value(config.redirect).unwrap_or_default()
+                ))
+            })?;
+    let pods = crate::cni::PodRegistry::open(&config.run_dir)
+        .map_err(|e| AppError::File(format!("--run-dir {}: {e}", config.run_dir.display())))?;
 
     let control_id = match &config.control_identity {
         Some(id) => id
@@ -108,6 +123,23 @@ pub async fn run(
     ));
 
     let serving = crate::proxy::ServingPods::default();
+    let cni_task = match crate::cni::bind(&config.cni_socket)
+        .map_err(|e| AppError::File(format!("--cni-socket {}: {e}", config.cni_socket.display())))?
+    {
+        Some(listener) => Some(tokio::spawn(crate::cni::serve(
+            listener,
+            crate::cni::CniServer {
+                registry: pods.clone(),
+                state: state_rx.clone(),
+                serving: serving.clone(),
+                node: config.node_name.clone(),
+                add_timeout: config.cni_add_timeout,
+                metrics: cni_metrics,
+            },
+            drained(),
+        ))),
+        None => None,
+    };
     let pods_task = tokio::spawn(crate::proxy::serve_pods(
         crate::proxy::Shared {
             identities: identities.clone(),
@@ -119,7 +151,8 @@ pub async fn run(
             balancer: crate::proxy::Balancer::default(),
             detect_timeout: config.detect_timeout,
             departed_metrics_ttl: crate::proxy::DEPARTED_METRICS_TTL,
-            redirect: config.redirect,
+            redirector: redirector.clone(),
+            cni_pods: pods.subscribe(),
             serving: serving.clone(),
         },
         config.node_name.clone(),
@@ -131,10 +164,16 @@ pub async fn run(
         ready: ready_probe(
             identities.clone(),
             state_rx.clone(),
-            serving,
+            (pods.clone(), serving),
             config.node_name.clone(),
         ),
-        dump: config_dump(config.clone(), identities.clone(), state_rx, bundle),
+        dump: config_dump(
+            config.clone(),
+            identities.clone(),
+            state_rx,
+            bundle,
+            (redirector.mode(), pods),
+        ),
         log_level,
         shutdown: drain_tx.clone(),
     };
@@ -156,6 +195,10 @@ pub async fn run(
     let _ = discovery_task.await;
     let _ = reconcile_task.await;
     let _ = pods_task.await;
+    if let Some(task) = cni_task {
+        let _ = task.await;
+        let _ = std::fs::remove_file(&config.cni_socket);
+    }
     match admin_task.await {
         Ok(Ok(())) => Ok(()),
         Ok(Err(e)) => Err(AppError::Admin(e.to_string())),
@@ -201,7 +244,7 @@ pub async fn reconcile_identities(
 fn ready_probe(
     identities: IdentityManager,
     state: watch::Receiver<Arc<DiscoveryState>>,
-    serving: crate::proxy::ServingPods,
+    (pods, serving): (crate::cni::PodRegistry, crate::proxy::ServingPods),
     node: String,
 ) -> admin::ReadyProbe {
     Arc::new(move || {
@@ -213,10 +256,9 @@ fn ready_probe(
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone();
-        let waiting: Vec<_> = s
-            .local_workloads(&node)
-            .iter()
-            .filter(|w| w.netns.is_some() && !open.contains(&w.key()))
+        let waiting: Vec<_> = crate::proxy::pods_to_serve(&s, &pods.pods(), &node)
+            .into_values()
+            .filter(|w| open.get(&w.key()) != w.netns.as_ref())
             .map(|w| w.key())
             .collect();
         if !waiting.is_empty() {
@@ -250,12 +292,13 @@ fn config_dump(
     identities: IdentityManager,
     state: watch::Receiver<Arc<DiscoveryState>>,
     bundle: TrustBundle,
+    (redirect_mode, cni_pods): (&'static str, crate::cni::PodRegistry),
 ) -> admin::ConfigDump {
     Arc::new(move || {
         let s = state.borrow().clone();
-        let pods: Vec<_> = s
-            .local_workloads(&config.node_name)
-            .iter()
+        let cni = cni_pods.pods();
+        let pods: Vec<_> = crate::proxy::pods_to_serve(&s, &cni, &config.node_name)
+            .values()
             .map(|w| {
                 json!({
                     "pod": w.key(),
@@ -264,6 +307,7 @@ fn config_dump(
                     "identity": w.identity.to_string(),
                     "workload": w.workload,
                     "netns": w.netns,
+                    "cni_sandbox": cni.get(&w.key()).map(|p| p.container_id.clone()),
                     "opaque_ports": w.opaque_ports.to_string(),
                     "skip_inbound_ports": w.skip_inbound_ports.to_string(),
                     "skip_outbound_ports": w.skip_outbound_ports.to_string(),
@@ -283,6 +327,7 @@ fn config_dump(
             .collect();
         json!({
             "config": config,
+            "redirect_mode": redirect_mode,
             "trust_anchors": bundle.anchors().len(),
             "discovery": {
                 "synced": s.synced,

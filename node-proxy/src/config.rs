@@ -31,6 +31,29 @@ pub mod env {
     pub const REDIRECT: &str = "AMBIT_REDIRECT";
     /// The identity the control plane must prove.
     pub const CONTROL_IDENTITY: &str = "AMBIT_CONTROL_IDENTITY";
+    /// Where the eBPF maps and links are pinned.
+    pub const BPF_PIN_DIR: &str = "AMBIT_BPF_PIN_DIR";
+    /// The cgroup (v2) the outbound eBPF programs attach to.
+    pub const CGROUP_PATH: &str = "AMBIT_CGROUP_PATH";
+    /// The unix socket the CNI plugin talks to.
+    pub const CNI_SOCKET: &str = "AMBIT_CNI_SOCKET";
+    /// Where the proxy keeps the pods the CNI plugin handed over.
+    pub const RUN_DIR: &str = "AMBIT_RUN_DIR";
+    /// How long a CNI ADD may wait for the pod's listeners.
+    pub const CNI_ADD_TIMEOUT: &str = "AMBIT_CNI_ADD_TIMEOUT";
+}
+
+/// Defaults, as the DaemonSet runs the proxy.
+pub mod defaults {
+    /// eBPF pin directory.
+    pub const BPF_PIN_DIR: &str = ambit_ebpf::DEFAULT_PIN_DIR;
+    /// The root cgroup: the programs filter by netns cookie, so only meshed pods are
+    /// affected.
+    pub const CGROUP_PATH: &str = "/sys/fs/cgroup";
+    /// The CNI socket.
+    pub const CNI_SOCKET: &str = ambit_api::cni::DEFAULT_SOCKET;
+    /// The run directory.
+    pub const RUN_DIR: &str = "/var/run/ambit";
 }
 
 /// `ambit-proxy` configuration.
@@ -68,10 +91,31 @@ pub struct Config {
     /// `spiffe://<trust domain>/ns/ambit/sa/ambit-control`).
     #[arg(long, env = env::CONTROL_IDENTITY)]
     pub control_identity: Option<String>,
-    /// How pod traffic reaches the proxy: `nftables` (the proxy writes the rules in each
-    /// pod's netns) or `none` (something else redirects).
-    #[arg(long, env = env::REDIRECT, value_enum, default_value = "nftables")]
+    /// How pod traffic reaches the proxy: `ebpf` (connect4/6, sockops and sk_lookup
+    /// programs), `nftables` (linkerd-init's rules in each pod's netns), `auto` (eBPF when
+    /// the kernel takes the programs, else nftables), or `none` (something else
+    /// redirects).
+    #[arg(long, env = env::REDIRECT, value_enum, default_value = "auto")]
     pub redirect: crate::proxy::Redirect,
+    /// Where the eBPF maps and links are pinned (on bpffs); they outlive the proxy, so a
+    /// meshed pod stays redirected (and fails closed) while it restarts.
+    #[arg(long, env = env::BPF_PIN_DIR, default_value = defaults::BPF_PIN_DIR)]
+    pub bpf_pin_dir: PathBuf,
+    /// The cgroup v2 directory the outbound programs attach to.
+    #[arg(long, env = env::CGROUP_PATH, default_value = defaults::CGROUP_PATH)]
+    pub cgroup_path: PathBuf,
+    /// The unix socket the CNI plugin hands pods over on (empty: no CNI socket; pods
+    /// then name their netns with the `local.ambit.dev/netns` annotation).
+    #[arg(long, env = env::CNI_SOCKET, default_value = defaults::CNI_SOCKET)]
+    pub cni_socket: PathBuf,
+    /// Where the pods handed over are kept (records and netns handles), so that a
+    /// restarted proxy serves them again.
+    #[arg(long, env = env::RUN_DIR, default_value = defaults::RUN_DIR)]
+    pub run_dir: PathBuf,
+    /// How long a CNI ADD waits for discovery to list the pod and for its listeners.
+    #[arg(long, env = env::CNI_ADD_TIMEOUT, default_value = "30s", value_parser = ambit_api::duration::parse_duration)]
+    #[serde(serialize_with = "ser_duration")]
+    pub cni_add_timeout: std::time::Duration,
     /// Worker threads of the proxy's runtime (1: a single-threaded runtime).
     #[arg(long, env = env::WORKER_THREADS, default_value_t = 1)]
     pub worker_threads: usize,

@@ -9,6 +9,7 @@
 //! - [`tls`]: the trust bundle and the rustls verifiers that check a peer's chain and its
 //!   SPIFFE ID.
 //!
+//! - [`cni`]: the CNI plugin's socket, and the pods it handed over (kept across restarts).
 //! - [`config`]: flags and environment variables, validated up front.
 //! - [`control`]: TLS channels to the control plane.
 //! - [`app`]: wiring — discovery drives the identity manager; the admin server.
@@ -21,6 +22,7 @@
 
 pub mod admin;
 pub mod app;
+pub mod cni;
 pub mod config;
 pub mod control;
 pub mod discovery;

@@ -19,6 +19,8 @@ type Job = Box<dyn FnOnce() + Send>;
 #[derive(Debug)]
 pub struct Netns {
     path: PathBuf,
+    /// The namespace itself, held open (eBPF attaches `sk_lookup` to it).
+    file: File,
     jobs: mpsc::Sender<Job>,
 }
 
@@ -29,6 +31,7 @@ impl Netns {
         let file = File::open(path).map_err(|e| {
             io::Error::new(e.kind(), format!("opening netns {}: {e}", path.display()))
         })?;
+        let held = file.try_clone()?;
         let (jobs, rx) = mpsc::channel::<Job>();
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let name = path
@@ -56,6 +59,7 @@ impl Netns {
             })?;
         Ok(Self {
             path: path.to_path_buf(),
+            file: held,
             jobs,
         })
     }
@@ -63,6 +67,12 @@ impl Netns {
     /// The netns path.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// The namespace's file descriptor.
+    pub fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        use std::os::fd::AsFd;
+        self.file.as_fd()
     }
 
     /// Runs `f` on the thread inside the netns.

@@ -236,13 +236,25 @@ pub fn proxy_config(
         node_name: node.into(),
         identity_url,
         discovery_url,
-        token_file,
         trust_anchors,
         trust_domain: "cluster.local".into(),
         admin_addr: "127.0.0.1:0".parse().unwrap(),
         detect_timeout: Duration::from_secs(10),
         worker_threads: 1,
         redirect: ambit_proxy::proxy::Redirect::Nftables,
+        // No CNI socket: these pods name their netns (local.ambit.dev/netns). The CNI
+        // tests set their own.
+        cni_socket: PathBuf::new(),
+        // Beside the token file, so that it goes with the test's temporary directory.
+        run_dir: token_file.with_extension("run"),
+        token_file,
+        bpf_pin_dir: PathBuf::from(format!(
+            "/sys/fs/bpf/ambit-e2e-{}-{node}",
+            std::process::id()
+        )),
+        // Never the machine's root cgroup: tests that use eBPF set a cgroup of their own.
+        cgroup_path: PathBuf::from("/nonexistent-cgroup"),
+        cni_add_timeout: Duration::from_secs(10),
         control_identity: None,
         log: "info".into(),
     }

@@ -4,7 +4,6 @@ use super::body::{self, Body};
 use super::{
     relay, serve_each, PodContext, ProxyError, Shared, TcpLabels, ERROR_HEADER, PROXY_MARK,
 };
-use crate::netns::original_dst;
 use crate::tls::svid_identity;
 use ambit_api::WorkloadIdentity;
 use hyper::service::service_fn;
@@ -214,7 +213,7 @@ async fn plain_connection(
     pod: &PodContext,
     shared: &Shared,
 ) -> Result<(), ProxyError> {
-    let target = original_dst(&client).map_err(|e| {
+    let target = shared.redirector.inbound_dst(&client).map_err(|e| {
         ProxyError::Client(format!(
             "no original destination (was the connection redirected?): {e}"
         ))

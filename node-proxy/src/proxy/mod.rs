@@ -28,8 +28,10 @@ pub use balance::Balancer;
 pub use detect::{classify, Protocol};
 pub use http_metrics::{HttpLabels, HttpMetrics};
 pub use metrics::{TcpLabels, TcpMetrics};
+pub use redirect::{Redirect, Redirector};
 pub use tunnel::TunnelPool;
 
+use crate::cni::CniPods;
 use crate::discovery::{DiscoveryState, Workload};
 use crate::identity::IdentityManager;
 use crate::netns::Netns;
@@ -39,14 +41,15 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 use tokio::sync::watch;
 
+// The eBPF programs were built with the same values: one definition, in ebpf/common.
 /// Outbound capture port.
-pub const OUTBOUND_PORT: u16 = 4140;
+pub const OUTBOUND_PORT: u16 = ambit_ebpf::common::OUTBOUND_PORT;
 /// Inbound mTLS (mesh tunnel) port.
-pub const MESH_PORT: u16 = 4143;
+pub const MESH_PORT: u16 = ambit_ebpf::common::MESH_PORT;
 /// Inbound plaintext capture port.
-pub const INBOUND_PLAIN_PORT: u16 = 4144;
+pub const INBOUND_PLAIN_PORT: u16 = ambit_ebpf::common::INBOUND_PLAIN_PORT;
 /// `SO_MARK` on every socket the proxy opens in a pod, so that redirection skips them.
-pub const PROXY_MARK: u32 = 0x0a3b_0000;
+pub const PROXY_MARK: u32 = ambit_ebpf::common::PROXY_MARK;
 /// How soon opening a pod's listeners is tried again after it failed.
 pub const START_RETRY: std::time::Duration = std::time::Duration::from_secs(5);
 /// How long a departed pod's metric series stay, so that Prometheus scrapes them once more.
@@ -112,23 +115,40 @@ pub struct Shared {
     pub detect_timeout: std::time::Duration,
     /// How long a departed pod's metric series are kept (for a last scrape).
     pub departed_metrics_ttl: std::time::Duration,
-    /// Whether the proxy installs nftables redirection in each pod.
-    pub redirect: Redirect,
-    /// Pods whose listeners are open, for `/ready`.
+    /// How pod traffic reaches the listeners.
+    pub redirector: Redirector,
+    /// Pods handed over by the CNI plugin (their netns and addresses).
+    pub cni_pods: watch::Receiver<CniPods>,
+    /// Pods whose listeners are open, for `/ready` and the CNI plugin.
     pub serving: ServingPods,
 }
 
-/// The `<namespace>/<name>` of every pod whose listeners (and rules) are in place.
-pub type ServingPods = Arc<std::sync::Mutex<std::collections::BTreeSet<String>>>;
+/// Every pod whose listeners (and redirection) are in place: `<namespace>/<name>` and the
+/// netns they were opened in.
+pub type ServingPods = Arc<std::sync::Mutex<BTreeMap<String, std::path::PathBuf>>>;
 
-/// How a pod's traffic reaches the proxy's listeners.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Redirect {
-    /// The proxy writes nftables rules in the pod's netns (linkerd-init's rules).
-    Nftables,
-    /// Something else redirects (the CNI plugin's eBPF programs, or the operator).
-    None,
+/// The local pods to serve: meshed pods on `node` that the CNI plugin handed over (with
+/// the netns and addresses it gave), or that name their netns themselves (local mode).
+pub fn pods_to_serve(
+    state: &DiscoveryState,
+    cni: &CniPods,
+    node: &str,
+) -> BTreeMap<String, Arc<Workload>> {
+    state
+        .local_workloads(node)
+        .into_iter()
+        .filter_map(|w| match cni.get(&w.key()) {
+            Some(pod) => {
+                let mut w = (*w).clone();
+                w.netns = Some(pod.netns.clone());
+                if !pod.ips.is_empty() {
+                    w.ips = pod.ips.clone();
+                }
+                Some((w.key(), Arc::new(w)))
+            }
+            None => w.netns.is_some().then(|| (w.key(), w)),
+        })
+        .collect()
 }
 
 /// One meshed pod served by this proxy.
@@ -138,6 +158,8 @@ pub struct PodContext {
     pub workload: Arc<Workload>,
     /// Its network namespace.
     pub netns: Arc<Netns>,
+    /// The netns cookie (eBPF keys the original destination by it).
+    pub netns_cookie: u64,
     /// HTTP clients connecting from it.
     pub clients: client::PodClients,
 }
@@ -145,6 +167,7 @@ pub struct PodContext {
 struct Running {
     workload: Arc<Workload>,
     netns: Arc<Netns>,
+    netns_cookie: u64,
     stop: watch::Sender<bool>,
     /// The accept loops; they end (closing the listeners) soon after `stop`.
     loops: Vec<tokio::task::JoinHandle<()>>,
@@ -158,6 +181,7 @@ pub async fn serve_pods(
 ) {
     tokio::pin!(shutdown);
     let mut state = shared.state.clone();
+    let mut cni = shared.cni_pods.clone();
     let mut running: BTreeMap<String, Running> = BTreeMap::new();
     loop {
         let mut failed = false;
@@ -167,12 +191,7 @@ pub async fn serve_pods(
         shared
             .balancer
             .retain(|a: &SocketAddr| known.contains(&a.ip()));
-        let want: BTreeMap<String, Arc<Workload>> = s
-            .local_workloads(&node)
-            .into_iter()
-            .filter(|w| w.netns.is_some())
-            .map(|w| (w.key(), w))
-            .collect();
+        let want = pods_to_serve(&s, &cni.borrow_and_update().clone(), &node);
         running.retain(|key, r| {
             let keep = want
                 .get(key)
@@ -181,16 +200,15 @@ pub async fn serve_pods(
                 tracing::info!(pod = %key, "pod left; closing its listeners");
                 r.stop.send_replace(true);
                 forget_later(&shared, &r.workload, state.clone(), node.clone());
-                if shared.redirect == Redirect::Nftables {
-                    // A pod that is no longer meshed must not keep rules that point at
-                    // listeners that are gone.
-                    let (netns, pod) = (r.netns.clone(), key.clone());
-                    tokio::spawn(async move {
-                        if let Err(error) = redirect::remove(&netns).await {
-                            tracing::debug!(%pod, %error, "redirection rules not removed (netns gone?)");
-                        }
-                    });
-                }
+                // A pod that is no longer meshed must not keep redirection that points at
+                // listeners that are gone.
+                let (netns, w, cookie) = (r.netns.clone(), r.workload.clone(), r.netns_cookie);
+                let redirector = shared.redirector.clone();
+                tokio::spawn(async move {
+                    if let Err(error) = redirector.remove(&netns, &w, cookie).await {
+                        tracing::debug!(pod = %w.key(), %error, "redirection not removed (netns gone?)");
+                    }
+                });
             }
             keep
         });
@@ -199,16 +217,8 @@ pub async fn serve_pods(
                 continue;
             }
             match start_pod(&shared, w.clone()).await {
-                Ok((stop, netns, loops)) => {
-                    running.insert(
-                        key,
-                        Running {
-                            workload: w,
-                            netns,
-                            stop,
-                            loops,
-                        },
-                    );
+                Ok(r) => {
+                    running.insert(key, r);
                 }
                 Err(error) => {
                     failed = true;
@@ -219,7 +229,10 @@ pub async fn serve_pods(
         *shared
             .serving
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = running.keys().cloned().collect();
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = running
+            .iter()
+            .map(|(k, r)| (k.clone(), r.netns.path().to_path_buf()))
+            .collect();
         // A pod whose netns could not be entered (not there yet, a port taken) is tried
         // again after a while even if discovery has nothing new to say.
         let retry = async {
@@ -232,6 +245,7 @@ pub async fn serve_pods(
         tokio::select! {
             _ = &mut shutdown => break,
             changed = state.changed() => if changed.is_err() { break },
+            changed = cni.changed() => if changed.is_err() { break },
             _ = retry => {}
         }
     }
@@ -269,14 +283,7 @@ fn forget_later(
     });
 }
 
-async fn start_pod(
-    shared: &Shared,
-    workload: Arc<Workload>,
-) -> std::io::Result<(
-    watch::Sender<bool>,
-    Arc<Netns>,
-    Vec<tokio::task::JoinHandle<()>>,
-)> {
+async fn start_pod(shared: &Shared, workload: Arc<Workload>) -> std::io::Result<Running> {
     let path = workload.netns.clone().unwrap_or_default();
     let netns = Netns::open(&path)?;
     // IPv4 always; IPv6 too when the pod has an IPv6 address (dual-stack clusters).
@@ -293,17 +300,31 @@ async fn start_pod(
             bind(INBOUND_PLAIN_PORT).await?,
         ));
     }
-    tracing::info!(pod = %workload.key(), netns = %path.display(), families = unspecified.len(), "listening in the pod: 4140 outbound, 4143 mesh, 4144 plaintext");
-    if shared.redirect == Redirect::Nftables {
-        // Listeners first, rules second: a redirected connection always finds a listener.
-        redirect::install(&netns, &workload).await?;
-    }
+    tracing::info!(pod = %workload.key(), netns = %path.display(), families = unspecified.len(), redirect = shared.redirector.mode(), "listening in the pod: 4140 outbound, 4143 mesh, 4144 plaintext");
+    // Listeners first, redirection second: a redirected connection always finds a
+    // listener.
+    let families: Vec<_> = listeners
+        .iter()
+        .zip(&unspecified)
+        .map(|((outbound, mesh, plain), ip)| redirect::FamilyListeners {
+            ipv6: ip.is_ipv6(),
+            outbound,
+            mesh,
+            plain,
+        })
+        .collect();
+    let netns_cookie = shared
+        .redirector
+        .install(&netns, &workload, &families)
+        .await?;
+    drop(families);
     let netns = Arc::new(netns);
     let clients = client::PodClients::new(netns.clone());
     let pod_netns = netns.clone();
     let pod = Arc::new(PodContext {
-        workload,
+        workload: workload.clone(),
         netns,
+        netns_cookie,
         clients,
     });
     let (stop, stopped) = watch::channel(false);
@@ -328,7 +349,13 @@ async fn start_pod(
             stopped.clone(),
         )));
     }
-    Ok((stop, pod_netns, loops))
+    Ok(Running {
+        workload,
+        netns: pod_netns,
+        netns_cookie,
+        stop,
+        loops,
+    })
 }
 
 /// Copy buffer per direction of a relayed connection. 8 KiB (tokio's default) cost a TLS

@@ -6,7 +6,6 @@ use super::detect::{detect, Protocol};
 use super::tunnel::Tunnel;
 use super::{relay, serve_each, PodContext, ProxyError, Shared, TcpLabels, PROXY_MARK};
 use crate::discovery::{Destination, DiscoveryState};
-use crate::netns::original_dst;
 use ambit_api::ports::{PortSet, DEFAULT_OPAQUE_PORTS};
 use ambit_api::WorkloadIdentity;
 use std::net::{IpAddr, SocketAddr};
@@ -111,11 +110,14 @@ async fn proxy(
     pod: &Arc<PodContext>,
     shared: &Shared,
 ) -> Result<(), ProxyError> {
-    let dst = original_dst(&client).map_err(|e| {
-        ProxyError::Client(format!(
-            "no original destination (was the connection redirected?): {e}"
-        ))
-    })?;
+    let dst = shared
+        .redirector
+        .outbound_dst(&client, pod.netns_cookie)
+        .map_err(|e| {
+            ProxyError::Client(format!(
+                "no original destination (was the connection redirected?): {e}"
+            ))
+        })?;
     let local = client
         .local_addr()
         .map_err(|e| ProxyError::Internal(e.to_string()))?;

@@ -7,9 +7,9 @@
 //! and fail, rather than leave in the clear (fail closed). eBPF redirection replaces this
 //! where the kernel has the hooks (the redirection issue).
 
-use super::{INBOUND_PLAIN_PORT, MESH_PORT, OUTBOUND_PORT, PROXY_MARK};
 use crate::discovery::Workload;
 use crate::netns::Netns;
+use crate::proxy::{INBOUND_PLAIN_PORT, MESH_PORT, OUTBOUND_PORT, PROXY_MARK};
 use ambit_api::ports::PortSet;
 use std::io::{self, Write};
 use std::process::{Command, Stdio};

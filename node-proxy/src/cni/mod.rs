@@ -1,0 +1,389 @@
+//! The CNI socket: `ambit-cni` hands each new pod to the proxy here, and the proxy answers
+//! only once the pod's listeners and redirection are in place (or the pod is not meshed).
+//!
+//! - [`registry`]: the pods handed over, on disk, with a handle on each netns.
+//! - [`CniServer`]: the unix socket (`/var/run/ambit/cni.sock`), one request per
+//!   connection ([`ambit_api::cni`]), the netns riding along as a file descriptor.
+//!
+//! Whether a pod is meshed is the control plane's word (discovery): the namespace and pod
+//! annotations. The proxy waits a while for discovery to show a pod it has not seen yet
+//! (the API server knows a pod before its sandbox exists, so this is short).
+
+pub mod registry;
+
+pub use registry::{CniPod, CniPods, PodRegistry};
+
+use crate::discovery::DiscoveryState;
+use crate::proxy::ServingPods;
+use ambit_api::cni::{code, decode, encode, PodAdd, PodRef, Request, Response};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
+use std::future::Future;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncWriteExt, Interest};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::watch;
+
+/// How long a client has to send its whole request.
+const READ_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Labels of `cni_requests_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CniLabels {
+    /// add, del, check, status, gc, or invalid.
+    pub command: String,
+    /// redirected, not_meshed, ok, or error.
+    pub result: String,
+}
+
+/// Metrics of the CNI socket.
+#[derive(Clone, Debug, Default)]
+pub struct CniMetrics {
+    requests: Family<CniLabels, Counter>,
+}
+
+impl CniMetrics {
+    /// Registers `cni_requests_total`.
+    pub fn register(registry: &mut Registry) -> Self {
+        let m = Self::default();
+        registry.register(
+            "cni_requests",
+            "Requests from the CNI plugin, by command and result",
+            m.requests.clone(),
+        );
+        m
+    }
+
+    fn count(&self, command: &str, response: &Response) {
+        let result = match response {
+            Response::Redirected => "redirected",
+            Response::NotMeshed => "not_meshed",
+            Response::Ok => "ok",
+            Response::Error { .. } => "error",
+        };
+        self.requests
+            .get_or_create(&CniLabels {
+                command: command.into(),
+                result: result.into(),
+            })
+            .inc();
+    }
+}
+
+/// What the CNI socket needs of the proxy.
+#[derive(Clone, Debug)]
+pub struct CniServer {
+    /// Where pods handed over are kept.
+    pub registry: PodRegistry,
+    /// Discovery's view (is the pod meshed, and on this node?).
+    pub state: watch::Receiver<Arc<DiscoveryState>>,
+    /// Pods whose listeners are open, with their netns.
+    pub serving: ServingPods,
+    /// This node.
+    pub node: String,
+    /// How long `ADD` waits for discovery and for the listeners.
+    pub add_timeout: Duration,
+    /// Counters.
+    pub metrics: CniMetrics,
+}
+
+fn error(code: u32, msg: impl Into<String>, details: impl Into<String>) -> Response {
+    Response::Error {
+        code,
+        msg: msg.into(),
+        details: details.into(),
+    }
+}
+
+/// Binds the CNI socket at `path` (replacing a stale one), readable by root only; `None`
+/// when `path` is empty (no CNI plugin on this node).
+pub fn bind(path: &std::path::Path) -> io::Result<Option<UnixListener>> {
+    use std::os::unix::fs::PermissionsExt;
+    if path.as_os_str().is_empty() {
+        return Ok(None);
+    }
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    let listener = UnixListener::bind(path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    Ok(Some(listener))
+}
+
+/// Serves the CNI socket until `shutdown`.
+pub async fn serve(listener: UnixListener, server: CniServer, shutdown: impl Future<Output = ()>) {
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => return,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    let server = server.clone();
+                    tokio::spawn(async move { server.connection(stream).await });
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "CNI socket: accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+        }
+    }
+}
+
+impl CniServer {
+    async fn connection(&self, mut stream: UnixStream) {
+        let (command, response) =
+            match tokio::time::timeout(READ_TIMEOUT, read_request(&stream)).await {
+                Ok(Ok((request, fd))) => {
+                    let command = command_name(&request);
+                    (command, self.handle(request, fd).await)
+                }
+                Ok(Err(e)) => (
+                    "invalid",
+                    error(
+                        code::DECODE,
+                        "unreadable request on the CNI socket",
+                        e.to_string(),
+                    ),
+                ),
+                Err(_) => (
+                    "invalid",
+                    error(
+                        code::DECODE,
+                        "incomplete request on the CNI socket",
+                        format!("no whole request within {READ_TIMEOUT:?}"),
+                    ),
+                ),
+            };
+        self.metrics.count(command, &response);
+        if let Response::Error { msg, details, .. } = &response {
+            tracing::warn!(command, %msg, %details, "CNI request failed");
+        }
+        if let Ok(bytes) = encode(&response) {
+            let _ = stream.write_all(&bytes).await;
+            let _ = stream.shutdown().await;
+        }
+    }
+
+    async fn handle(&self, request: Request, netns: Option<OwnedFd>) -> Response {
+        match request {
+            Request::Add(add) => self.add(add, netns).await,
+            Request::Del(pod) => {
+                let removed =
+                    self.registry
+                        .remove(&pod.namespace, &pod.name, Some(&pod.container_id));
+                tracing::info!(pod = %format!("{}/{}", pod.namespace, pod.name), removed, "CNI DEL");
+                Response::Ok
+            }
+            Request::Check(pod) => self.check(&pod),
+            Request::Status => {
+                if self.state.borrow().synced {
+                    Response::Ok
+                } else {
+                    error(
+                        code::NOT_AVAILABLE,
+                        "the node proxy has no view of the cluster yet",
+                        "discovery has not delivered a snapshot; is ambit-control reachable?",
+                    )
+                }
+            }
+            Request::Gc {
+                valid_container_ids,
+            } => {
+                let removed = self.registry.retain_sandboxes(&valid_container_ids);
+                tracing::info!(?removed, "CNI GC");
+                Response::Ok
+            }
+        }
+    }
+
+    async fn add(&self, add: PodAdd, netns: Option<OwnedFd>) -> Response {
+        let key = format!("{}/{}", add.pod.namespace, add.pod.name);
+        let deadline = tokio::time::Instant::now() + self.add_timeout;
+        let mut state = self.state.clone();
+        let workload = loop {
+            let found = state
+                .borrow_and_update()
+                .workloads()
+                .find(|w| w.key() == key)
+                .cloned();
+            if let Some(w) = found {
+                break w;
+            }
+            if tokio::time::timeout_at(deadline, state.changed())
+                .await
+                .is_err()
+            {
+                return error(code::TRY_AGAIN, format!("pod {key} is not known to the control plane yet"), format!("waited {:?} for discovery to list it; check that ambit-control watches its namespace", self.add_timeout));
+            }
+        };
+        if !workload.meshed {
+            return Response::NotMeshed;
+        }
+        if workload.node != self.node {
+            return error(
+                code::NOT_REDIRECTED,
+                format!("pod {key} is scheduled on node {:?}", workload.node),
+                format!("this is the proxy of node {:?}", self.node),
+            );
+        }
+        let Some(fd) = netns else {
+            return error(
+                code::INVALID_ENV,
+                format!("ADD for {key} came without the pod's netns descriptor"),
+                "the plugin passes CNI_NETNS as an open file",
+            );
+        };
+        let pod = CniPod {
+            namespace: add.pod.namespace,
+            name: add.pod.name,
+            uid: add.uid,
+            container_id: add.pod.container_id,
+            ips: add.ips,
+            netns: Default::default(),
+        };
+        let pod = match self.registry.add(pod, fd) {
+            Ok(pod) => pod,
+            Err(e) => {
+                return error(
+                    code::IO_FAILURE,
+                    format!("taking pod {key} on"),
+                    e.to_string(),
+                )
+            }
+        };
+        tracing::info!(pod = %key, netns = %pod.netns.display(), ips = ?pod.ips, "CNI ADD: waiting for the pod's listeners and redirection");
+        loop {
+            let served = self
+                .serving
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .get(&key)
+                .cloned();
+            if served.as_ref() == Some(&pod.netns) {
+                return Response::Redirected;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return error(
+                    code::NOT_REDIRECTED,
+                    format!("the node proxy could not redirect pod {key} in time"),
+                    format!(
+                        "listeners or redirection not in place after {:?}; see the proxy's log",
+                        self.add_timeout
+                    ),
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    fn check(&self, pod: &PodRef) -> Response {
+        let key = format!("{}/{}", pod.namespace, pod.name);
+        let Some(registered) = self.registry.pods().get(&key).cloned() else {
+            return if self
+                .state
+                .borrow()
+                .local_workloads(&self.node)
+                .iter()
+                .any(|w| w.key() == key)
+            {
+                error(
+                    code::NOT_REDIRECTED,
+                    format!("meshed pod {key} was never handed to the node proxy"),
+                    "delete the pod so that it is created again with redirection",
+                )
+            } else {
+                Response::Ok
+            };
+        };
+        let served = self
+            .serving
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(&key)
+            .cloned();
+        if served.as_ref() == Some(&registered.netns) {
+            Response::Ok
+        } else {
+            error(
+                code::NOT_REDIRECTED,
+                format!("pod {key} is not redirected"),
+                "its listeners are not open; see the proxy's log",
+            )
+        }
+    }
+}
+
+fn command_name(r: &Request) -> &'static str {
+    match r {
+        Request::Add(_) => "add",
+        Request::Del(_) => "del",
+        Request::Check(_) => "check",
+        Request::Status => "status",
+        Request::Gc { .. } => "gc",
+    }
+}
+
+/// Reads one framed request, and the file descriptor that came with it (if any).
+async fn read_request(stream: &UnixStream) -> io::Result<(Request, Option<OwnedFd>)> {
+    let mut buf = Vec::new();
+    let mut fd = None;
+    loop {
+        stream.readable().await?;
+        let mut chunk = [0u8; 8192];
+        let read = stream.try_io(Interest::READABLE, || {
+            recv_with_fd(stream.as_raw_fd(), &mut chunk)
+        });
+        match read {
+            Ok((0, _)) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "the plugin closed before a whole request",
+                ))
+            }
+            Ok((n, got)) => {
+                buf.extend_from_slice(&chunk[..n]);
+                if got.is_some() {
+                    fd = got;
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            Err(e) => return Err(e),
+        }
+        if let Some(request) = decode::<Request>(&buf).map_err(io::Error::other)? {
+            return Ok((request, fd));
+        }
+    }
+}
+
+/// `recvmsg` with room for one descriptor; any extra descriptors are closed.
+fn recv_with_fd(sock: RawFd, buf: &mut [u8]) -> io::Result<(usize, Option<OwnedFd>)> {
+    use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
+    let mut iov = [io::IoSliceMut::new(buf)];
+    let mut space = nix::cmsg_space!([RawFd; 4]);
+    let msg = recvmsg::<()>(sock, &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC)
+        .map_err(io::Error::from)?;
+    let mut fd = None;
+    for cmsg in msg.cmsgs().map_err(io::Error::from)? {
+        if let ControlMessageOwned::ScmRights(fds) = cmsg {
+            for raw in fds {
+                // SAFETY: the kernel just installed this descriptor for us; we own it.
+                #[allow(unsafe_code)]
+                let owned = unsafe { OwnedFd::from_raw_fd(raw) };
+                if fd.is_none() {
+                    fd = Some(owned);
+                }
+            }
+        }
+    }
+    Ok((msg.bytes, fd))
+}

@@ -1,0 +1,211 @@
+//! The pods the CNI plugin handed over, kept on disk so that a restarted proxy serves
+//! them again without a new `ADD`.
+//!
+//! Under the run directory (`/var/run/ambit` by default):
+//!
+//! - `pods/<namespace>_<name>.json`: the pod as the plugin described it;
+//! - `netns/<namespace>_<name>_<sandbox>`: a bind mount of the pod's network namespace
+//!   (as `ip netns add` makes), which keeps a handle on it whatever the runtime does with
+//!   its own path. `DEL` unmounts it.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io;
+use std::net::IpAddr;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+use tokio::sync::watch;
+
+/// `NSFS_MAGIC`: what `statfs` says of a namespace file.
+const NSFS_MAGIC: i64 = 0x6e73_6673;
+
+/// A pod handed over by the CNI plugin.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CniPod {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// `metadata.uid`, when the runtime said.
+    pub uid: String,
+    /// The sandbox (`CNI_CONTAINERID`).
+    pub container_id: String,
+    /// The addresses the CNI chain gave it (authoritative before the API server has them).
+    pub ips: Vec<IpAddr>,
+    /// The proxy's handle on its network namespace (a bind mount).
+    pub netns: PathBuf,
+}
+
+impl CniPod {
+    /// `<namespace>/<name>`.
+    pub fn key(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+}
+
+/// Every pod handed over, by `<namespace>/<name>`.
+pub type CniPods = Arc<BTreeMap<String, CniPod>>;
+
+/// The registry: on disk, and published on a watch channel for the data path.
+#[derive(Clone, Debug)]
+pub struct PodRegistry {
+    dir: PathBuf,
+    pods: Arc<watch::Sender<CniPods>>,
+    /// One change at a time (mount, files, publication).
+    write: Arc<Mutex<()>>,
+}
+
+fn file_name(namespace: &str, name: &str) -> String {
+    format!("{namespace}_{name}")
+}
+
+/// Whether `path` is a mounted network namespace.
+fn is_netns(path: &Path) -> bool {
+    nix::sys::statfs::statfs(path).is_ok_and(|s| s.filesystem_type().0 == NSFS_MAGIC)
+}
+
+fn unmount(path: &Path) {
+    let _ = nix::mount::umount2(path, nix::mount::MntFlags::MNT_DETACH);
+    let _ = std::fs::remove_file(path);
+}
+
+impl PodRegistry {
+    /// Opens the registry in `dir`, restoring every pod whose namespace is still there
+    /// (and forgetting those whose namespace is gone).
+    pub fn open(dir: &Path) -> io::Result<Self> {
+        std::fs::create_dir_all(dir.join("pods"))?;
+        std::fs::create_dir_all(dir.join("netns"))?;
+        let mut pods = BTreeMap::new();
+        for entry in std::fs::read_dir(dir.join("pods"))? {
+            let path = entry?.path();
+            if path.extension().is_none_or(|e| e != "json") {
+                continue;
+            }
+            let pod: Option<CniPod> = std::fs::read(&path)
+                .ok()
+                .and_then(|b| serde_json::from_slice(&b).ok());
+            match pod {
+                Some(pod) if is_netns(&pod.netns) => {
+                    tracing::info!(pod = %pod.key(), netns = %pod.netns.display(), "restored a pod handed over before the restart");
+                    pods.insert(pod.key(), pod);
+                }
+                other => {
+                    tracing::warn!(file = %path.display(), "forgetting a pod whose network namespace is gone");
+                    if let Some(pod) = other {
+                        unmount(&pod.netns);
+                    }
+                    let _ = std::fs::remove_file(&path);
+                }
+            }
+        }
+        let (tx, _) = watch::channel(Arc::new(pods));
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            pods: Arc::new(tx),
+            write: Arc::new(Mutex::new(())),
+        })
+    }
+
+    /// The pods now.
+    pub fn pods(&self) -> CniPods {
+        self.pods.borrow().clone()
+    }
+
+    /// A receiver that sees every change.
+    pub fn subscribe(&self) -> watch::Receiver<CniPods> {
+        self.pods.subscribe()
+    }
+
+    /// Takes a pod on: keeps a handle on `netns` and records it. An `ADD` repeated for
+    /// the same sandbox changes nothing; one for a new sandbox replaces the old one.
+    pub fn add(&self, mut pod: CniPod, netns: OwnedFd) -> io::Result<CniPod> {
+        let _write = self.write.lock().unwrap_or_else(PoisonError::into_inner);
+        let key = pod.key();
+        if let Some(old) = self.pods.borrow().get(&key) {
+            if old.container_id == pod.container_id && is_netns(&old.netns) {
+                return Ok(old.clone());
+            }
+        }
+        if let Some(old) = self.pods.borrow().get(&key).cloned() {
+            unmount(&old.netns);
+        }
+        let sandbox: String = pod
+            .container_id
+            .chars()
+            .filter(char::is_ascii_alphanumeric)
+            .take(16)
+            .collect();
+        let target = self.dir.join("netns").join(format!(
+            "{}_{sandbox}",
+            file_name(&pod.namespace, &pod.name)
+        ));
+        File::create(&target)?;
+        let source = format!("/proc/self/fd/{}", netns.as_raw_fd());
+        if let Err(e) = nix::mount::mount(
+            Some(source.as_str()),
+            &target,
+            None::<&str>,
+            nix::mount::MsFlags::MS_BIND,
+            None::<&str>,
+        ) {
+            let _ = std::fs::remove_file(&target);
+            return Err(io::Error::other(format!(
+                "keeping a handle on the pod's netns at {}: {e}",
+                target.display()
+            )));
+        }
+        pod.netns = target;
+        let json = serde_json::to_vec_pretty(&pod).map_err(io::Error::other)?;
+        let file = self
+            .dir
+            .join("pods")
+            .join(format!("{}.json", file_name(&pod.namespace, &pod.name)));
+        let tmp = file.with_extension("json.tmp");
+        std::fs::write(&tmp, json)?;
+        std::fs::rename(&tmp, &file)?;
+        self.pods.send_modify(|pods| {
+            Arc::make_mut(pods).insert(key, pod.clone());
+        });
+        Ok(pod)
+    }
+
+    /// Forgets a pod (`DEL`): releases its netns handle and its record. With a sandbox
+    /// given, only that sandbox's entry goes. Whether there was one.
+    pub fn remove(&self, namespace: &str, name: &str, container_id: Option<&str>) -> bool {
+        let _write = self.write.lock().unwrap_or_else(PoisonError::into_inner);
+        let key = format!("{namespace}/{name}");
+        let Some(pod) = self.pods.borrow().get(&key).cloned() else {
+            return false;
+        };
+        if container_id.is_some_and(|c| !c.is_empty() && c != pod.container_id) {
+            return false;
+        }
+        unmount(&pod.netns);
+        let _ = std::fs::remove_file(
+            self.dir
+                .join("pods")
+                .join(format!("{}.json", file_name(namespace, name))),
+        );
+        self.pods.send_modify(|pods| {
+            Arc::make_mut(pods).remove(&key);
+        });
+        true
+    }
+
+    /// Forgets every pod whose sandbox is not in `valid` (CNI `GC`); returns their keys.
+    pub fn retain_sandboxes(&self, valid: &[String]) -> Vec<String> {
+        let stale: Vec<CniPod> = self
+            .pods()
+            .values()
+            .filter(|p| !valid.contains(&p.container_id))
+            .cloned()
+            .collect();
+        stale
+            .into_iter()
+            .filter(|p| self.remove(&p.namespace, &p.name, Some(&p.container_id)))
+            .map(|p| p.key())
+            .collect()
+    }
+}

@@ -1,0 +1,181 @@
+//! How a meshed pod's traffic reaches the proxy's in-pod listeners, and how the proxy
+//! learns where each redirected connection was going.
+//!
+//! | mode | outbound (4140) | inbound (4143/4144) | original destination |
+//! |---|---|---|---|
+//! | `ebpf` | `cgroup/connect4/6` rewrite `connect()` to loopback:4140 | `sk_lookup` on the pod's netns | outbound: a map keyed by (netns cookie, client port), filled by `sockops`; inbound: the accepted socket's own address |
+//! | `nftables` | linkerd-init's `REDIRECT` rules in the pod's netns | the same | `SO_ORIGINAL_DST` |
+//! | `none` | something else redirects | | `SO_ORIGINAL_DST` |
+//!
+//! `auto` (the default) picks `ebpf` when the kernel takes the programs and `nftables`
+//! otherwise. Both modes fail closed: when the proxy is gone its listeners are gone, and
+//! the pod's redirected connections are refused rather than sent around it.
+
+pub mod nftables;
+
+use crate::discovery::Workload;
+use crate::netns::Netns;
+use ambit_ebpf::{PodRedirect, Redirection};
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::AsFd;
+use std::path::Path;
+use std::sync::{Arc, Mutex, PoisonError};
+use tokio::net::{TcpListener, TcpStream};
+
+/// How pod traffic is redirected, as configured.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Redirect {
+    /// eBPF when the kernel supports it, else nftables.
+    Auto,
+    /// eBPF programs (`connect4/6`, `sockops`, `sk_lookup`).
+    Ebpf,
+    /// The proxy writes nftables rules in the pod's netns (linkerd-init's rules).
+    Nftables,
+    /// Something else redirects (the operator, another tool).
+    None,
+}
+
+/// The redirection in effect.
+#[derive(Clone, Debug)]
+pub enum Redirector {
+    /// eBPF programs, and the maps the proxy drives.
+    Ebpf(Arc<Mutex<Redirection>>),
+    /// nftables rules in each pod.
+    Nftables,
+    /// Nothing: something else redirects.
+    None,
+}
+
+/// One address family's listeners in a pod.
+#[derive(Debug)]
+pub struct FamilyListeners<'a> {
+    /// Whether these are the IPv6 ones.
+    pub ipv6: bool,
+    /// 4140.
+    pub outbound: &'a TcpListener,
+    /// 4143.
+    pub mesh: &'a TcpListener,
+    /// 4144.
+    pub plain: &'a TcpListener,
+}
+
+impl Redirector {
+    /// Sets up `mode`. With `auto`, a kernel that refuses the programs means nftables
+    /// (logged); with `ebpf`, it is an error.
+    pub fn new(mode: Redirect, pin_dir: &Path, cgroup: &Path) -> Result<Self, String> {
+        let ebpf = || -> Result<Self, String> {
+            let r = Redirection::load(pin_dir).map_err(|e| e.to_string())?;
+            r.attach_cgroup(cgroup).map_err(|e| e.to_string())?;
+            Ok(Self::Ebpf(Arc::new(Mutex::new(r))))
+        };
+        match mode {
+            Redirect::Ebpf => ebpf(),
+            Redirect::Nftables => Ok(Self::Nftables),
+            Redirect::None => Ok(Self::None),
+            Redirect::Auto => ebpf().or_else(|error| {
+                tracing::warn!(%error, "eBPF redirection unavailable; using nftables");
+                Ok(Self::Nftables)
+            }),
+        }
+    }
+
+    /// The mode's name, for `/config_dump` and the logs.
+    pub fn mode(&self) -> &'static str {
+        match self {
+            Redirector::Ebpf(_) => "ebpf",
+            Redirector::Nftables => "nftables",
+            Redirector::None => "none",
+        }
+    }
+
+    fn ebpf(r: &Arc<Mutex<Redirection>>) -> std::sync::MutexGuard<'_, Redirection> {
+        r.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Redirects the pod's traffic to `listeners` (which must already be open, so that a
+    /// redirected connection always finds one); returns the pod's netns cookie.
+    pub async fn install(
+        &self,
+        netns: &Netns,
+        w: &Workload,
+        listeners: &[FamilyListeners<'_>],
+    ) -> io::Result<u64> {
+        let cookie = match listeners.first() {
+            Some(l) => ambit_ebpf::sys::netns_cookie(l.outbound.as_fd())?,
+            None => 0,
+        };
+        match self {
+            Redirector::Nftables => nftables::install(netns, w).await?,
+            Redirector::None => {}
+            Redirector::Ebpf(r) => {
+                let mut r = Self::ebpf(r);
+                for ip in &w.ips {
+                    let l = listeners
+                        .iter()
+                        .find(|l| l.ipv6 == ip.is_ipv6())
+                        .ok_or_else(|| io::Error::other(format!("no listener for {ip}")))?;
+                    r.set_listeners(*ip, l.mesh, l.plain)
+                        .map_err(io::Error::other)?;
+                }
+                let skip_in = w.skip_inbound_ports.ranges();
+                let skip_out = w.skip_outbound_ports.ranges();
+                r.add_pod(&PodRedirect {
+                    id: &pin_id(w),
+                    netns: netns.fd(),
+                    netns_cookie: cookie,
+                    ips: &w.ips,
+                    skip_inbound: skip_in,
+                    skip_outbound: skip_out,
+                })
+                .map_err(io::Error::other)?;
+            }
+        }
+        Ok(cookie)
+    }
+
+    /// Stops redirecting a pod that left the mesh (its netns may be gone already).
+    pub async fn remove(&self, netns: &Netns, w: &Workload, cookie: u64) -> io::Result<()> {
+        match self {
+            Redirector::Nftables => nftables::remove(netns).await,
+            Redirector::None => Ok(()),
+            Redirector::Ebpf(r) => {
+                Self::ebpf(r).remove_pod(&pin_id(w), cookie, &w.ips);
+                Ok(())
+            }
+        }
+    }
+
+    /// Where a connection accepted on a pod's outbound listener was going.
+    pub fn outbound_dst(&self, stream: &TcpStream, netns_cookie: u64) -> io::Result<SocketAddr> {
+        match self {
+            Redirector::Ebpf(r) => {
+                let client = stream.peer_addr()?;
+                Self::ebpf(r)
+                    .original_dst(netns_cookie, client)
+                    .ok_or_else(|| {
+                        io::Error::new(
+                            io::ErrorKind::NotFound,
+                            "no original destination recorded for this connection",
+                        )
+                    })
+            }
+            _ => crate::netns::original_dst(stream),
+        }
+    }
+
+    /// Where a connection accepted on a pod's plaintext inbound listener was going.
+    pub fn inbound_dst(&self, stream: &TcpStream) -> io::Result<SocketAddr> {
+        match self {
+            // sk_lookup does no NAT: the socket's own address is the destination.
+            Redirector::Ebpf(_) => stream.local_addr(),
+            _ => crate::netns::original_dst(stream),
+        }
+    }
+}
+
+/// The pod's name for its pinned `sk_lookup` link: stable across proxy restarts.
+fn pin_id(w: &Workload) -> String {
+    format!("{}_{}", w.namespace, w.name)
+}
