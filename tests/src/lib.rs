@@ -5,10 +5,13 @@
 //!
 //! - [`ControlPlane`]: PKI, cluster directory, node tokens, and the running control plane.
 //! - [`http_get`]: a minimal HTTP/1.1 GET for the admin endpoints.
+//! - [`cni`]: a CNI runtime's side: nodes, their CNI directories, pods wired by the real
+//!   plugins chained with `ambit-cni`.
 //! - [`netns`]: pods as network namespaces on a bridge, removed on drop; redirect rules.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+pub mod cni;
 pub mod netns;
 
 use ambit_control::config::{Backend, Config};
@@ -266,7 +269,8 @@ pub struct NodeProxy {
     /// Its admin address.
     pub admin_addr: SocketAddr,
     stop: Option<oneshot::Sender<()>>,
-    task: Option<JoinHandle<()>>,
+    /// Resolves once the proxy's runtime is gone (its thread ended).
+    exited: Option<oneshot::Receiver<Result<(), String>>>,
 }
 
 impl NodeProxy {
@@ -277,48 +281,61 @@ impl NodeProxy {
 
     /// As [`Self::start`], with a protocol detection timeout.
     pub async fn start_with(cp: &ControlPlane, node: &str, detect_timeout: Duration) -> Self {
-        init_test_logging();
         let mut config = Self::config(cp, node);
         config.detect_timeout = detect_timeout;
-        let admin = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let admin_addr = admin.local_addr().unwrap();
-        let (_, log_level) = ambit_proxy::logging::subscriber("info").unwrap();
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(async move {
-            ambit_proxy::app::run(config, admin, log_level, async move {
-                let _ = stopped.await;
-            })
-            .await
-            .unwrap();
-        });
-        let p = Self {
-            admin_addr,
-            stop: Some(stop),
-            task: Some(task),
-        };
-        p.wait_ready(node).await;
+        Self::start_config(config).await
+    }
+
+    /// Starts a proxy with `config` and waits for it to be ready.
+    pub async fn start_config(config: ambit_proxy::config::Config) -> Self {
+        let node = config.node_name.clone();
+        let p = Self::launch(config);
+        p.wait_ready(&node).await;
         p
     }
 
     /// As [`Self::start`], without waiting for `/ready`.
     pub async fn spawn(cp: &ControlPlane, node: &str) -> Self {
+        Self::launch(Self::config(cp, node))
+    }
+
+    /// Runs the proxy as its own process would: on a thread of its own with its own
+    /// single-threaded runtime, so that stopping it ends every task and closes every
+    /// socket it had, as the process's exit does.
+    fn launch(config: ambit_proxy::config::Config) -> Self {
         init_test_logging();
-        let config = Self::config(cp, node);
-        let admin = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let admin = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        admin.set_nonblocking(true).unwrap();
         let admin_addr = admin.local_addr().unwrap();
-        let (_, log_level) = ambit_proxy::logging::subscriber("info").unwrap();
         let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(async move {
-            ambit_proxy::app::run(config, admin, log_level, async move {
-                let _ = stopped.await;
+        let (exit_tx, exited) = oneshot::channel();
+        std::thread::Builder::new()
+            .name(format!("proxy-{}", config.node_name))
+            .spawn(move || {
+                let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    let rt = tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                        .unwrap();
+                    let outcome = rt.block_on(async move {
+                        let admin = tokio::net::TcpListener::from_std(admin).unwrap();
+                        let (_, log_level) = ambit_proxy::logging::subscriber("info").unwrap();
+                        ambit_proxy::app::run(config, admin, log_level, async move {
+                            let _ = stopped.await;
+                        })
+                        .await
+                        .map_err(|e| e.to_string())
+                    });
+                    drop(rt);
+                    outcome
+                }));
+                let _ = exit_tx.send(result.unwrap_or_else(|_| Err("the proxy panicked".into())));
             })
-            .await
             .unwrap();
-        });
         Self {
             admin_addr,
             stop: Some(stop),
-            task: Some(task),
+            exited: Some(exited),
         }
     }
 
@@ -354,13 +371,31 @@ impl NodeProxy {
         )
     }
 
-    /// Stops the proxy and waits for it to drain.
+    /// Stops the proxy, waits for it to drain and for its runtime to be gone.
     pub async fn stop(mut self) {
         if let Some(s) = self.stop.take() {
             let _ = s.send(());
         }
-        if let Some(t) = self.task.take() {
-            t.await.unwrap();
+        if let Some(exited) = self.exited.take() {
+            exited.await.unwrap().unwrap();
         }
+    }
+}
+
+impl cni::CniNode {
+    /// The configuration of this node's proxy against `cp`: the CNI socket, run
+    /// directory, cgroup and pin directory of the node, and `redirect`.
+    pub fn proxy_config(
+        &self,
+        cp: &ControlPlane,
+        redirect: ambit_proxy::proxy::Redirect,
+    ) -> ambit_proxy::config::Config {
+        let mut config = NodeProxy::config(cp, &self.name);
+        config.redirect = redirect;
+        config.cni_socket = self.socket.clone();
+        config.run_dir = self.run_dir.clone();
+        config.cgroup_path = self.cgroup.clone();
+        config.bpf_pin_dir = self.pin_dir.clone();
+        config
     }
 }

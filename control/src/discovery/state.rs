@@ -61,7 +61,8 @@ pub fn snapshot(index: &ClusterIndex) -> NodeView {
     let workloads: BTreeMap<_, _> = index
         .workloads()
         .iter()
-        .filter(|w| !w.pod.ips.is_empty())
+        // Pods without an address yet are sent too: the CNI plugin hands a pod to its
+        // node proxy before the kubelet has reported the pod's IP.
         .map(|w| {
             (
                 format!("{}/{}", w.pod.namespace, w.pod.name),

@@ -177,13 +177,7 @@ impl CniServer {
     async fn handle(&self, request: Request, netns: Option<OwnedFd>) -> Response {
         match request {
             Request::Add(add) => self.add(add, netns).await,
-            Request::Del(pod) => {
-                let removed =
-                    self.registry
-                        .remove(&pod.namespace, &pod.name, Some(&pod.container_id));
-                tracing::info!(pod = %format!("{}/{}", pod.namespace, pod.name), removed, "CNI DEL");
-                Response::Ok
-            }
+            Request::Del(pod) => self.del(&pod).await,
             Request::Check(pod) => self.check(&pod),
             Request::Status => {
                 if self.state.borrow().synced {
@@ -284,6 +278,31 @@ impl CniServer {
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+    }
+
+    /// Forgets the pod, and answers once its listeners are closed (peers told to go
+    /// away), so that the runtime tears the network down only after that.
+    async fn del(&self, pod: &PodRef) -> Response {
+        let key = format!("{}/{}", pod.namespace, pod.name);
+        let netns = self.registry.pods().get(&key).map(|p| p.netns.clone());
+        let removed = self
+            .registry
+            .remove(&pod.namespace, &pod.name, Some(&pod.container_id));
+        tracing::info!(pod = %key, removed, "CNI DEL");
+        let deadline = tokio::time::Instant::now() + self.add_timeout;
+        while removed && tokio::time::Instant::now() < deadline {
+            let serving = self
+                .serving
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .get(&key)
+                .cloned();
+            if serving.is_none() || serving != netns {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Response::Ok
     }
 
     fn check(&self, pod: &PodRef) -> Response {

@@ -268,22 +268,21 @@ async fn via_mesh(
     if orig_http1 {
         insert(&mut parts.headers, ORIG_PROTO_HEADER, "HTTP/1.1");
     }
-    let mut sender = shared
+    let tunnel = Tunnel {
+        netns: &pod.netns,
+        source: (&w.identity, cert.certified_key()),
+        expected,
+        peer: target.ip(),
+        bundle: &shared.bundle,
+    };
+    let resp = shared
         .pool
-        .sender(&Tunnel {
-            netns: &pod.netns,
-            source: (&w.identity, cert.certified_key()),
-            expected,
-            peer: target.ip(),
-            bundle: &shared.bundle,
-        })
+        .send(
+            &tunnel,
+            Request::from_parts(parts, body::incoming(body)),
+            &format!("request through the tunnel to {target}"),
+        )
         .await?;
-    let resp = sender
-        .send_request(Request::from_parts(parts, body::incoming(body)))
-        .await
-        .map_err(|e| {
-            ProxyError::Upstream(format!("request through the tunnel to {target}: {e}"))
-        })?;
     let (mut parts, b) = resp.into_parts();
     parts.headers.remove(DST_HEADER);
     Ok(Response::from_parts(parts, body::incoming(b)))

@@ -117,13 +117,24 @@ async fn mesh_connection(
             }
         })
     };
-    hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+    let conn = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
         .initial_stream_window_size(super::H2_STREAM_WINDOW)
         .initial_connection_window_size(super::H2_CONN_WINDOW)
         .max_frame_size(super::H2_MAX_FRAME)
-        .serve_connection(TokioIo::new(tls), service)
-        .await
-        .map_err(|e| ProxyError::Client(format!("HTTP/2 from {peer} ({client_id}): {e}")))
+        .serve_connection(TokioIo::new(tls), service);
+    tokio::pin!(conn);
+    // When the pod leaves (or the proxy drains), GOAWAY tells the peer proxy to stop
+    // sending on this pooled connection: its next request opens a new one, to whatever
+    // pod has the address by then.
+    let mut stopped = pod.stopped.clone();
+    let result = tokio::select! {
+        r = conn.as_mut() => r,
+        _ = async { drop(stopped.wait_for(|s| *s).await) } => {
+            conn.as_mut().graceful_shutdown();
+            conn.await
+        }
+    };
+    result.map_err(|e| ProxyError::Client(format!("HTTP/2 from {peer} ({client_id}): {e}")))
 }
 
 fn refuse(status: http::StatusCode, cause: &str) -> http::Response<Body> {

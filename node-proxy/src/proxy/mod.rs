@@ -162,6 +162,8 @@ pub struct PodContext {
     pub netns_cookie: u64,
     /// HTTP clients connecting from it.
     pub clients: client::PodClients,
+    /// Turns true when the pod leaves or the proxy drains.
+    pub stopped: watch::Receiver<bool>,
 }
 
 struct Running {
@@ -321,13 +323,14 @@ async fn start_pod(shared: &Shared, workload: Arc<Workload>) -> std::io::Result<
     let netns = Arc::new(netns);
     let clients = client::PodClients::new(netns.clone());
     let pod_netns = netns.clone();
+    let (stop, stopped) = watch::channel(false);
     let pod = Arc::new(PodContext {
         workload: workload.clone(),
         netns,
         netns_cookie,
         clients,
+        stopped: stopped.clone(),
     });
-    let (stop, stopped) = watch::channel(false);
     let mut loops = Vec::new();
     for (outbound, mesh, plain) in listeners {
         loops.push(tokio::spawn(outbound::serve(

@@ -46,16 +46,22 @@ pub(super) struct Tunnel<'a> {
 }
 
 impl TunnelPool {
-    /// A ready HTTP/2 connection to the peer proxy: a pooled one, or a new one.
-    pub(super) async fn sender(&self, t: &Tunnel<'_>) -> Result<Sender, ProxyError> {
+    /// A ready HTTP/2 connection to the peer proxy (a pooled one, or a new one), and
+    /// whether it came from the pool.
+    async fn sender_pooled(&self, t: &Tunnel<'_>) -> Result<(Sender, bool), ProxyError> {
         let key = (t.source.0.clone(), t.peer);
         let pooled = {
             let conns = self.conns.lock().unwrap_or_else(PoisonError::into_inner);
             conns.get(&key).filter(|s| s.is_ready()).cloned()
         };
         if let Some(s) = pooled {
-            return Ok(s);
+            return Ok((s, true));
         }
+        Ok((self.connect_new(t).await?, false))
+    }
+
+    async fn connect_new(&self, t: &Tunnel<'_>) -> Result<Sender, ProxyError> {
+        let key = (t.source.0.clone(), t.peer);
         let s = connect(t).await?;
         self.conns
             .lock()
@@ -64,22 +70,57 @@ impl TunnelPool {
         Ok(s)
     }
 
+    /// Sends `req` through the tunnel. A pooled connection that turns out to be dead
+    /// before the request left (the peer proxy restarted, the pod behind the address
+    /// was replaced) is dropped, and the request goes once more on a new connection.
+    /// `context` names the request in errors.
+    pub(super) async fn send(
+        &self,
+        t: &Tunnel<'_>,
+        req: http::Request<Body>,
+        context: &str,
+    ) -> Result<http::Response<hyper::body::Incoming>, ProxyError> {
+        let failed = |e: hyper::Error| ProxyError::Upstream(format!("{context}: {e}"));
+        let (mut sender, pooled) = self.sender_pooled(t).await?;
+        match sender.try_send_request(req).await {
+            Ok(resp) => Ok(resp),
+            Err(mut e) => {
+                self.forget_closed(t);
+                match (pooled, e.take_message()) {
+                    (true, Some(req)) => {
+                        tracing::debug!(peer = %t.peer, error = %e.error(), "pooled tunnel was dead; sending on a new one");
+                        let mut fresh = self.connect_new(t).await?;
+                        fresh.send_request(req).await.map_err(failed)
+                    }
+                    _ => Err(failed(e.into_error())),
+                }
+            }
+        }
+    }
+
+    /// Drops the pooled connection to the peer if it is closed.
+    fn forget_closed(&self, t: &Tunnel<'_>) {
+        let key = (t.source.0.clone(), t.peer);
+        let mut conns = self.conns.lock().unwrap_or_else(PoisonError::into_inner);
+        if conns.get(&key).is_some_and(|s| s.is_closed()) {
+            conns.remove(&key);
+        }
+    }
+
     /// Opens a CONNECT stream to `target` through the peer proxy.
     pub(super) async fn open(
         &self,
         t: &Tunnel<'_>,
         target: SocketAddr,
     ) -> Result<hyper::upgrade::Upgraded, ProxyError> {
-        let mut sender = self.sender(t).await?;
         let req = http::Request::builder()
             .method(http::Method::CONNECT)
             .uri(target.to_string())
             .body(body::empty())
             .map_err(|e| ProxyError::Internal(e.to_string()))?;
-        let resp = sender
-            .send_request(req)
-            .await
-            .map_err(|e| ProxyError::Upstream(format!("tunnel request to {}: {e}", t.peer)))?;
+        let resp = self
+            .send(t, req, &format!("tunnel request to {}", t.peer))
+            .await?;
         if resp.status() != http::StatusCode::OK {
             let cause = resp
                 .headers()
