@@ -34,6 +34,12 @@ status: {{podIP: {}, phase: Running}}
 ---
 apiVersion: v1
 kind: Pod
+metadata: {{name: away, namespace: shop}}
+spec: {{nodeName: node-b, serviceAccountName: web, containers: []}}
+status: {{podIP: 10.77.9.9, phase: Running}}
+---
+apiVersion: v1
+kind: Pod
 metadata: {{name: old, namespace: legacy}}
 spec: {{nodeName: node-a, containers: []}}
 status: {{podIP: {}, phase: Running}}
@@ -164,6 +170,7 @@ async fn every_command_in_every_version_against_a_real_proxy() {
     let mut config = NodeProxy::config(&cp, "node-a");
     let socket = cp.dir.path().join("cni.sock");
     config.cni_socket = socket.clone();
+    config.cni_add_timeout = std::time::Duration::from_secs(1);
     let proxy = NodeProxy::start_config(config).await;
     let web = Pod {
         namespace: "shop",
@@ -289,6 +296,29 @@ async fn every_command_in_every_version_against_a_real_proxy() {
                 &conf("1.1.0", &socket, &web, true),
             );
             assert_eq!(check.error_code(), 101, "{check:?}");
+        })
+        .await;
+    }
+
+    // A pod the control plane places on another node, or does not know: refused, with
+    // the reason.
+    {
+        let socket = socket.clone();
+        let netns = web.netns.clone();
+        blocking(move || {
+            for (name, code) in [("away", 101), ("ghost", 11)] {
+                let pod = Pod {
+                    namespace: "shop",
+                    name,
+                    netns: netns.clone(),
+                    ip: [10, 77, 9, 9].into(),
+                };
+                let mut c: Value =
+                    serde_json::from_str(&conf("1.0.0", &socket, &pod, true)).unwrap();
+                c["timeout"] = json!("15s");
+                let r = cni(&env("ADD", &pod, "c", &k8s_args(&pod)), &c.to_string());
+                assert_eq!(r.error_code(), code, "{name}: {r:?}");
+            }
         })
         .await;
     }

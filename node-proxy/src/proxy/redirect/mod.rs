@@ -179,3 +179,37 @@ impl Redirector {
 fn pin_id(w: &Workload) -> String {
     format!("{}_{}", w.namespace, w.name)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pin_dir(test: &str) -> std::path::PathBuf {
+        std::path::PathBuf::from(format!(
+            "/sys/fs/bpf/ambit-unit-{test}-{}",
+            std::process::id()
+        ))
+    }
+
+    #[test]
+    fn auto_falls_back_to_nftables_and_ebpf_says_why_it_cannot() {
+        // A cgroup that does not exist stands for a kernel without the hooks: the
+        // programs load, attaching fails. (Root; no cgroup is touched.)
+        let dir = pin_dir("fallback");
+        let nowhere = Path::new("/nonexistent/cgroup");
+        let auto = Redirector::new(Redirect::Auto, &dir, nowhere);
+        let forced = Redirector::new(Redirect::Ebpf, &dir, nowhere);
+        let _ = ambit_ebpf::remove_pinned(&dir);
+        assert_eq!(auto.map(|r| r.mode()), Ok("nftables"));
+        let err = forced.map(|r| r.mode()).unwrap_err();
+        assert!(err.contains("/nonexistent/cgroup"), "{err}");
+        assert_eq!(
+            Redirector::new(Redirect::Nftables, &dir, nowhere).map(|r| r.mode()),
+            Ok("nftables")
+        );
+        assert_eq!(
+            Redirector::new(Redirect::None, &dir, nowhere).map(|r| r.mode()),
+            Ok("none")
+        );
+    }
+}
