@@ -97,8 +97,8 @@ fn map_err(name: &'static str) -> impl FnOnce(aya::maps::MapError) -> Error {
 /// What [`Redirection::add_pod`] needs to know of a meshed pod.
 #[derive(Debug)]
 pub struct PodRedirect<'a> {
-    /// A name for the pod's pinned link: unique on the node, stable across restarts
-    /// (`<namespace>_<name>`).
+    /// A name for the pod's pinned link: unique on the node and per netns, stable across
+    /// proxy restarts (the proxy uses `<namespace>_<name>_<netns cookie>`).
     pub id: &'a str,
     /// The pod's network namespace.
     pub netns: BorrowedFd<'a>,

@@ -194,26 +194,33 @@ pub async fn serve_pods(
             .balancer
             .retain(|a: &SocketAddr| known.contains(&a.ip()));
         let want = pods_to_serve(&s, &cni.borrow_and_update().clone(), &node);
-        running.retain(|key, r| {
-            let keep = want
-                .get(key)
-                .is_some_and(|w| w.netns == r.workload.netns && w.ips == r.workload.ips);
-            if !keep {
-                tracing::info!(pod = %key, "pod left; closing its listeners");
-                r.stop.send_replace(true);
-                forget_later(&shared, &r.workload, state.clone(), node.clone());
-                // A pod that is no longer meshed must not keep redirection that points at
-                // listeners that are gone.
-                let (netns, w, cookie) = (r.netns.clone(), r.workload.clone(), r.netns_cookie);
-                let redirector = shared.redirector.clone();
-                tokio::spawn(async move {
-                    if let Err(error) = redirector.remove(&netns, &w, cookie).await {
-                        tracing::debug!(pod = %w.key(), %error, "redirection not removed (netns gone?)");
-                    }
-                });
+        let leaving: Vec<String> = running
+            .iter()
+            .filter(|(key, r)| {
+                !want
+                    .get(*key)
+                    .is_some_and(|w| w.netns == r.workload.netns && w.ips == r.workload.ips)
+            })
+            .map(|(key, _)| key.clone())
+            .collect();
+        for key in leaving {
+            let Some(r) = running.remove(&key) else {
+                continue;
+            };
+            tracing::info!(pod = %key, "pod left; closing its listeners");
+            r.stop.send_replace(true);
+            forget_later(&shared, &r.workload, state.clone(), node.clone());
+            // A pod that is no longer meshed must not keep redirection that points at
+            // listeners that are gone. Done before any pod starts: a new sandbox of the
+            // same pod may take the same addresses.
+            if let Err(error) = shared
+                .redirector
+                .remove(&r.netns, &r.workload, r.netns_cookie)
+                .await
+            {
+                tracing::debug!(pod = %key, %error, "redirection not removed (netns gone?)");
             }
-            keep
-        });
+        }
         for (key, w) in want {
             if running.contains_key(&key) {
                 continue;

@@ -122,7 +122,7 @@ impl Redirector {
                 let skip_in = w.skip_inbound_ports.ranges();
                 let skip_out = w.skip_outbound_ports.ranges();
                 r.add_pod(&PodRedirect {
-                    id: &pin_id(w),
+                    id: &pin_id(w, cookie),
                     netns: netns.fd(),
                     netns_cookie: cookie,
                     ips: &w.ips,
@@ -141,7 +141,7 @@ impl Redirector {
             Redirector::Nftables => nftables::remove(netns).await,
             Redirector::None => Ok(()),
             Redirector::Ebpf(r) => {
-                Self::ebpf(r).remove_pod(&pin_id(w), cookie, &w.ips);
+                Self::ebpf(r).remove_pod(&pin_id(w, cookie), cookie, &w.ips);
                 Ok(())
             }
         }
@@ -175,9 +175,10 @@ impl Redirector {
     }
 }
 
-/// The pod's name for its pinned `sk_lookup` link: stable across proxy restarts.
-fn pin_id(w: &Workload) -> String {
-    format!("{}_{}", w.namespace, w.name)
+/// The name of the pod's pinned `sk_lookup` link: stable across proxy restarts (same pod,
+/// same netns), different for a new sandbox of the same pod (a new netns).
+fn pin_id(w: &Workload, netns_cookie: u64) -> String {
+    format!("{}_{}_{netns_cookie:x}", w.namespace, w.name)
 }
 
 #[cfg(test)]
