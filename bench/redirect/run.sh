@@ -33,6 +33,7 @@ BIN=$ROOT/target/release
 
 P=ambr$$
 WORK=$(mktemp -d /tmp/ambit-rbench.XXXXXX)
+chmod 755 "$WORK"   # nginx workers (www-data) read the files
 OUT=$ROOT/bench/redirect/results/$(date -u +%Y%m%dT%H%M%SZ)
 CG_ROOT=$(awk '$3 == "cgroup2" {print $2; exit}' /proc/mounts)
 CG_A=$CG_ROOT/$P-a CG_B=$CG_ROOT/$P-b
@@ -148,7 +149,7 @@ proxy_cpu() { local t=0; for n in ${NODES[$1]}; do t=$((t + $(cpu "${PROXY[$n]}"
 # Sanity: every path answers, and the meshed ones go through their proxies.
 for path in direct ebpf nftables; do
     client "${CLI[$path]}" curl -sf -o /dev/null "http://${IP[${SRV[$path]}]}:8080/1k" \
-        || { echo "$path path does not answer" >&2; exit 1; }
+        || { echo "$path path does not answer" >&2; cat "$WORK"/nginx-*-error.log >&2; exit 1; }
 done
 
 for round in $(seq 1 "$ROUNDS"); do

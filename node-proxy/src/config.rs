@@ -106,7 +106,7 @@ pub struct Config {
     pub cgroup_path: PathBuf,
     /// The unix socket the CNI plugin hands pods over on (empty: no CNI socket; pods
     /// then name their netns with the `local.ambit.dev/netns` annotation).
-    #[arg(long, env = env::CNI_SOCKET, default_value = defaults::CNI_SOCKET)]
+    #[arg(long, env = env::CNI_SOCKET, default_value = defaults::CNI_SOCKET, value_parser = path_or_empty)]
     pub cni_socket: PathBuf,
     /// Where the pods handed over are kept (records and netns handles), so that a
     /// restarted proxy serves them again.
@@ -163,6 +163,33 @@ impl Config {
     }
 }
 
+/// A path, where the empty string is allowed (and means "none").
+fn path_or_empty(s: &str) -> Result<PathBuf, std::convert::Infallible> {
+    Ok(PathBuf::from(s))
+}
+
 fn ser_duration<S: serde::Serializer>(d: &std::time::Duration, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_str(&ambit_api::duration::format_duration(*d))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[test]
+    fn an_empty_cni_socket_turns_it_off_and_redirection_defaults_to_auto() {
+        let parse = |extra: &[&str]| {
+            let mut args = vec!["ambit-proxy", "--node-name", "n", "--trust-anchors", "/x"];
+            args.extend_from_slice(extra);
+            Config::try_parse_from(args)
+        };
+        let c = parse(&["--cni-socket", ""]).unwrap_or_else(|e| panic!("{e}"));
+        assert!(c.cni_socket.as_os_str().is_empty());
+        assert_eq!(c.redirect, crate::proxy::Redirect::Auto);
+        let c = parse(&[]).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.cni_socket, PathBuf::from("/var/run/ambit/cni.sock"));
+        assert_eq!(c.cgroup_path, PathBuf::from("/sys/fs/cgroup"));
+        assert!(parse(&["--redirect", "iptables"]).is_err());
+    }
 }
