@@ -68,17 +68,12 @@ impl Lab {
             "ip", "-n", &pod, "link", "add", "eth0", "type", "veth", "peer", "name", "eth0",
             "netns", &peer,
         ]);
-        for (ns, ip) in [(&pod, lab.pod_ip), (&peer, lab.peer_ip)] {
-            run(&[
-                "ip",
-                "-n",
-                ns,
-                "addr",
-                "add",
-                &format!("{ip}/24"),
-                "dev",
-                "eth0",
-            ]);
+        for (ns, ip, host) in [(&pod, lab.pod_ip, 2), (&peer, lab.peer_ip, 3)] {
+            let ip4 = format!("{ip}/24");
+            run(&["ip", "-n", ns, "addr", "add", &ip4, "dev", "eth0"]);
+            // Dual-stack; nodad: usable at once.
+            let ip6 = format!("fd11:{n}::{host}/64");
+            run(&["ip", "-n", ns, "addr", "add", &ip6, "dev", "eth0", "nodad"]);
             run(&["ip", "-n", ns, "link", "set", "eth0", "up"]);
             run(&["ip", "-n", ns, "link", "set", "lo", "up"]);
         }
@@ -104,6 +99,28 @@ impl Lab {
         let l = self.in_netns(ns, move || TcpListener::bind(("0.0.0.0", port)).unwrap());
         l.set_nonblocking(true).unwrap();
         l
+    }
+
+    /// An IPv6-only listener on `[::]:port` inside `ns` (beside the IPv4 one, as the
+    /// proxy has for a dual-stack pod).
+    fn listen6(&self, ns: &str, port: u16) -> TcpListener {
+        let l: TcpListener = self.in_netns(ns, move || {
+            let s =
+                socket2::Socket::new(socket2::Domain::IPV6, socket2::Type::STREAM, None).unwrap();
+            s.set_only_v6(true).unwrap();
+            s.bind(&SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, port)).into())
+                .unwrap();
+            s.listen(128).unwrap();
+            s.into()
+        });
+        l.set_nonblocking(true).unwrap();
+        l
+    }
+
+    fn pod_ip6(&self) -> std::net::Ipv6Addr {
+        format!("fd11:{}::2", self.pod_ip.octets()[2])
+            .parse()
+            .unwrap()
     }
 
     /// Connects from netns `ns` as a client in the test cgroup (a python3 process that
@@ -367,5 +384,67 @@ fn a_pod_whose_listeners_are_gone_fails_closed_and_a_new_loader_restores_it() {
         let c = s.spawn(move || lab.client(&lab.pod, dst, 0));
         assert!(serve_one(&remote, "direct").is_some());
         assert_eq!(c.join().unwrap().unwrap(), "direct");
+    });
+}
+
+#[test]
+fn ipv6_and_v4_mapped_connects_and_ipv6_inbound_are_redirected_too() {
+    let lab = &Lab::new("six");
+    let mut r = Redirection::load(&lab.pin_dir).unwrap();
+    r.attach_cgroup(&lab.cgroup).unwrap();
+    let v4 = open_listeners(lab);
+    let v6 = PodListeners {
+        outbound: lab.listen6(&lab.pod, 4140),
+        mesh: lab.listen6(&lab.pod, 4143),
+        plain: lab.listen6(&lab.pod, 4144),
+    };
+    let cookie = ambit_ebpf::sys::netns_cookie(v4.outbound.as_fd()).unwrap();
+    let (ip4, ip6) = (IpAddr::V4(lab.pod_ip), IpAddr::V6(lab.pod_ip6()));
+    r.set_listeners(ip4, &v4.mesh, &v4.plain).unwrap();
+    r.set_listeners(ip6, &v6.mesh, &v6.plain).unwrap();
+    let netns = lab.netns_file(&lab.pod);
+    r.add_pod(&PodRedirect {
+        id: "shop_web-0",
+        netns: netns.as_fd(),
+        netns_cookie: cookie,
+        ips: &[ip4, ip6],
+        skip_inbound: &[],
+        skip_outbound: &[],
+    })
+    .unwrap();
+
+    // IPv6 out: to the IPv6 outbound listener, original destination kept.
+    let dst: SocketAddr = "[fd11:250::9]:80".parse().unwrap();
+    std::thread::scope(|s| {
+        let c = s.spawn(move || lab.client(&lab.pod, dst, 0));
+        let Some((_, peer, _)) = serve_one(&v6.outbound, "six") else {
+            panic!("not redirected: {:?}", c.join());
+        };
+        assert_eq!(r.original_dst(cookie, peer), Some(dst));
+        assert_eq!(c.join().unwrap().unwrap(), "six");
+    });
+    // A v4-mapped destination from an IPv6 socket is IPv4 on the wire: the IPv4
+    // listener gets it, with the IPv4 destination.
+    let mapped: SocketAddr = "[::ffff:10.211.250.9]:81".parse().unwrap();
+    std::thread::scope(|s| {
+        let c = s.spawn(move || lab.client(&lab.pod, mapped, 0));
+        let Some((_, peer, _)) = serve_one(&v4.outbound, "mapped") else {
+            panic!("not redirected: {:?}", c.join());
+        };
+        assert_eq!(
+            r.original_dst(cookie, peer),
+            Some("10.211.250.9:81".parse().unwrap())
+        );
+        assert_eq!(c.join().unwrap().unwrap(), "mapped");
+    });
+    // IPv6 in: steered to the IPv6 plaintext listener, no NAT.
+    let to_pod = SocketAddr::new(ip6, 8080);
+    std::thread::scope(|s| {
+        let c = s.spawn(move || lab.client(&lab.peer, to_pod, 0));
+        let Some((stream, _, _)) = serve_one(&v6.plain, "in6") else {
+            panic!("not steered to {to_pod}: {:?}", c.join());
+        };
+        assert_eq!(stream.local_addr().unwrap(), to_pod);
+        assert_eq!(c.join().unwrap().unwrap(), "in6");
     });
 }
