@@ -2,15 +2,18 @@
 # Ambit data-path benchmark: through the mesh vs direct, side by side, in one run.
 #
 #   sudo bench/mesh/run.sh [ROUNDS]        (default 3 rounds; ~5 minutes)
+#   REDIRECT=nftables sudo bench/mesh/run.sh   (default: ebpf)
 #
 # Topology (network namespaces on a bridge, nothing leaves this machine):
-#   cli  meshed client pod on node-a  (its proxy writes nftables redirection into it)
+#   cli  meshed client pod on node-a  (redirected by its proxy: eBPF or nftables)
 #   dir  unmeshed client pod on node-a (direct path, no proxy)
 #   srv  meshed server pod on node-b: nginx (1 worker, access log off, 1 KiB file) and
 #        iperf3 -s
 # Two ambit-proxy processes (node-a, node-b) and ambit-control run on loopback.
 # Each round runs, for direct then mesh: oha keep-alive, oha new connection per request,
 # iperf3 single stream. Results: bench/mesh/results/<timestamp>/ and a summary on stdout.
+# With eBPF, the programs attach to cgroups made for the run (never the machine's root),
+# and every client process runs in node-a's.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROUNDS=${1:-3}
@@ -27,7 +30,11 @@ cargo build --release -q -p ambit-control -p ambit-proxy -p ambit-cli
 BIN=$ROOT/target/release
 
 P=ambb$$
+REDIRECT=${REDIRECT:-ebpf}
 WORK=$(mktemp -d /tmp/ambit-bench.XXXXXX)
+chmod 755 "$WORK"   # nginx workers (www-data) read the files
+CG_ROOT=$(awk '$3 == "cgroup2" {print $2; exit}' /proc/mounts)
+CG_A=$CG_ROOT/$P-a CG_B=$CG_ROOT/$P-b
 OUT=$ROOT/bench/mesh/results/$(date -u +%Y%m%dT%H%M%SZ)
 mkdir -p "$OUT"
 PIDS=()
@@ -35,9 +42,18 @@ cleanup() {
     for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
     for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
     for ns in cli dir srv br; do ip netns del "$P-$ns" 2>/dev/null || true; done
+    # Removing the pins detaches the programs.
+    rm -rf "/sys/fs/bpf/$P-a" "/sys/fs/bpf/$P-b"
+    rmdir "$CG_A" "$CG_B" 2>/dev/null || true
     rm -rf "$WORK"
 }
 trap cleanup EXIT
+mkdir "$CG_A" "$CG_B"
+# A client process: in node-a's cgroup, in the client pod's netns.
+client() { # netns cmd...
+    local ns=$1; shift
+    sh -c 'cg=$0; ns=$1; shift; echo $$ > "$cg/cgroup.procs" && exec ip netns exec "$ns" "$@"' "$CG_A" "$ns" "$@"
+}
 
 # --- topology ----------------------------------------------------------------------------
 ip netns add "$P-br"
@@ -95,7 +111,8 @@ for node in a b; do
     "$BIN/ambit-proxy" --node-name "node-$node" --identity-url http://127.0.0.1:18080 \
         --discovery-url http://127.0.0.1:18086 --token-file "$WORK/node-$node.token" \
         --trust-anchors "$WORK/pki/trust-anchor.crt" --admin-addr "127.0.0.1:$port" --log warn \
-        --redirect nftables --cni-socket '' --run-dir "$WORK/run-$node" \
+        --redirect "$REDIRECT" --cgroup-path "$CG_ROOT/$P-$node" --bpf-pin-dir "/sys/fs/bpf/$P-$node" \
+        --cni-socket '' --run-dir "$WORK/run-$node" \
         2>"$OUT/proxy-$node.log" &
     PIDS+=($!)
     eval "PROXY_${node^^}=$!"
@@ -105,7 +122,7 @@ for port in 14191 14192; do
     curl -sf "127.0.0.1:$port/ready" >/dev/null || { echo "proxy on $port not ready" >&2; exit 1; }
 done
 
-# Each proxy writes the nftables redirection into its meshed pods (--redirect nftables).
+# Each proxy redirects its meshed pods ($REDIRECT).
 
 # --- server applications -------------------------------------------------------------------
 mkdir -p "$WORK/www"
@@ -134,7 +151,7 @@ TICK=$(getconf CLK_TCK)
 run_oha() { # ns keepalive(yes|no) file
     local extra=()
     [ "$2" = no ] && extra=(--disable-keepalive)
-    ip netns exec "$1" "$OHA" -z 15s -q 1000 -c 16 --latency-correction --no-tui --output-format json \
+    client "$1" "$OHA" -z 15s -q 1000 -c 16 --latency-correction --no-tui --output-format json \
         "${extra[@]}" "http://$SRV:8080/1k" > "$3"
 }
 
@@ -160,7 +177,7 @@ for round in $(seq 1 "$ROUNDS"); do
             echo "$(( (a1 - a0) + (b1 - b0) ))" > "$OUT/cpu-$path-ka$ka-$round.ticks"
         done
         a0=$(cpu "$PROXY_A"); b0=$(cpu "$PROXY_B")
-        ip netns exec "$ns" iperf3 -c "$SRV" -p 5201 -t 10 -J > "$OUT/iperf-$path-$round.json"
+        client "$ns" iperf3 -c "$SRV" -p 5201 -t 10 -J > "$OUT/iperf-$path-$round.json"
         a1=$(cpu "$PROXY_A"); b1=$(cpu "$PROXY_B")
         echo "$(( (a1 - a0) + (b1 - b0) ))" > "$OUT/cpu-iperf-$path-$round.ticks"
     done
@@ -171,4 +188,4 @@ for node in A B; do
 done
 
 [ "${ONLY:-}" = iperf ] && { cat "$OUT"/iperf-*.json | python3 -c "import json,sys; [print(json.loads(x)['end']['sum_received']['bits_per_second']/1e9) for x in sys.stdin.read().replace('}\n{','}\x00{').split('\x00')]"; exit 0; }
-python3 "$ROOT/bench/mesh/summarize.py" "$OUT" "$ROUNDS" "$TICK" | tee "$OUT/summary.md"
+{ echo "Redirection: $REDIRECT"; python3 "$ROOT/bench/mesh/summarize.py" "$OUT" "$ROUNDS" "$TICK"; } | tee "$OUT/summary.md"
