@@ -213,14 +213,18 @@ impl Redirection {
             name: programs::SK_LOOKUP,
             source,
         })?;
-        Ok(Self {
+        let r = Self {
             meshed: take(&mut ebpf, maps::MESHED_NETNS)?,
             pod_ips: take(&mut ebpf, maps::POD_IPS)?,
             listeners: take(&mut ebpf, maps::LISTENERS)?,
             orig_dst: take(&mut ebpf, maps::ORIG_DST)?,
             ebpf,
             pin_dir: pin_dir.to_path_buf(),
-        })
+        };
+        // Loading parses the kernel's BTF (megabytes, freed at once); hand that memory
+        // back rather than keep it in the proxy's RSS for its whole life.
+        sys::release_free_memory();
+        Ok(r)
     }
 
     /// The pin directory.

@@ -155,3 +155,11 @@ pub fn mount_bpffs(path: &Path) -> io::Result<()> {
     }
     Ok(())
 }
+
+/// Returns freed heap memory to the system (`malloc_trim(0)`).
+pub fn release_free_memory() {
+    // SAFETY: malloc_trim only releases memory the allocator holds free.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
