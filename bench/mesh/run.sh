@@ -185,6 +185,9 @@ done
 for node in A B; do
     pid_var=PROXY_$node
     grep -E 'VmRSS|VmHWM' "/proc/${!pid_var}/status" > "$OUT/mem-proxy-$node.txt"
+    # Where the resident memory is, mapping by mapping (for memory work).
+    awk '/^[0-9a-f]+-[0-9a-f]+ / {name=$6} /^Rss:/ {rss[name]+=$2} END {for (n in rss) print rss[n] " kB " (n == "" ? "[anon]" : n)}' \
+        "/proc/${!pid_var}/smaps" | sort -rn | head -15 > "$OUT/smaps-proxy-$node.txt"
 done
 
 [ "${ONLY:-}" = iperf ] && { cat "$OUT"/iperf-*.json | python3 -c "import json,sys; [print(json.loads(x)['end']['sum_received']['bits_per_second']/1e9) for x in sys.stdin.read().replace('}\n{','}\x00{').split('\x00')]"; exit 0; }

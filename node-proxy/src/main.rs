@@ -5,6 +5,7 @@ use anyhow::Context;
 use clap::Parser;
 
 fn main() -> anyhow::Result<()> {
+    bounded_heap();
     let config = Config::parse();
     // One thread by default, as Linkerd's proxy: on a shared node the proxy's cost per
     // request is mostly cross-thread wake-ups when it has more (BENCHMARKS.md).
@@ -44,5 +45,21 @@ async fn shutdown_signal() {
         Err(_) => {
             let _ = tokio::signal::ctrl_c().await;
         }
+    }
+}
+
+/// Keeps glibc from holding on to freed buffers. By default it raises its mmap threshold
+/// after the first large buffer is freed (up to 32 MiB), after which relay buffers and
+/// HTTP/2 flow-control buffers come from the heap and stay resident once freed. A fixed
+/// threshold sends every allocation of 128 KiB or more to mmap (returned on free), and a
+/// fixed trim threshold gives back a free heap top above 128 KiB (BENCHMARKS.md, memory).
+fn bounded_heap() {
+    const THRESHOLD: libc::c_int = 128 * 1024;
+    // SAFETY: mallopt only changes allocator parameters; called before any other thread
+    // exists.
+    #[allow(unsafe_code)]
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, THRESHOLD);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, THRESHOLD);
     }
 }
