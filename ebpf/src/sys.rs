@@ -163,3 +163,15 @@ pub fn release_free_memory() {
         libc::malloc_trim(0);
     }
 }
+
+/// Where the cgroup v2 hierarchy is mounted (`/sys/fs/cgroup` on a unified host,
+/// `/sys/fs/cgroup/unified` on a hybrid one), from `/proc/mounts`.
+pub fn cgroup2_mount() -> std::path::PathBuf {
+    std::fs::read_to_string("/proc/mounts")
+        .unwrap_or_default()
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .find(|f| f.get(2) == Some(&"cgroup2"))
+        .and_then(|f| f.get(1).map(std::path::PathBuf::from))
+        .unwrap_or_else(|| std::path::PathBuf::from("/sys/fs/cgroup"))
+}

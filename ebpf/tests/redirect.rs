@@ -26,18 +26,6 @@ fn run(args: &[&str]) {
     );
 }
 
-/// The cgroup v2 mount (`/sys/fs/cgroup/unified` on these machines, `/sys/fs/cgroup`
-/// on a unified-only host).
-fn cgroup2_root() -> PathBuf {
-    let mounts = std::fs::read_to_string("/proc/mounts").unwrap();
-    mounts
-        .lines()
-        .map(|l| l.split_whitespace().collect::<Vec<_>>())
-        .find(|f| f.get(2) == Some(&"cgroup2"))
-        .map(|f| PathBuf::from(f[1]))
-        .expect("a cgroup2 mount")
-}
-
 /// A pod netns and a peer netns on a veth, a test cgroup and a pin dir; removed on drop.
 struct Lab {
     pod: String,
@@ -58,7 +46,7 @@ impl Lab {
             peer: peer.clone(),
             pod_ip: Ipv4Addr::new(10, 211, n, 2),
             peer_ip: Ipv4Addr::new(10, 211, n, 3),
-            cgroup: cgroup2_root().join(format!("ambit-{tag}")),
+            cgroup: ambit_ebpf::sys::cgroup2_mount().join(format!("ambit-{tag}")),
             pin_dir: PathBuf::from(format!("/sys/fs/bpf/ambit-{tag}")),
         };
         std::fs::create_dir(&lab.cgroup).unwrap();

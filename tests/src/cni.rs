@@ -14,6 +14,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use crate::netns::run;
+
 /// Where Debian installs the reference plugins.
 pub const PLUGINS_DIR: &str = "/usr/lib/cni";
 /// The CNI version the test runtime speaks (Debian's plugins go up to 1.0.0).
@@ -21,27 +23,17 @@ pub const CNI_VERSION: &str = "1.0.0";
 
 static NEXT: AtomicUsize = AtomicUsize::new(0);
 
-fn run(args: &[&str]) {
-    let out = Command::new(args[0])
-        .args(&args[1..])
-        .output()
-        .unwrap_or_else(|e| panic!("{args:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// The cgroup v2 mount (`/sys/fs/cgroup/unified` on these machines).
-pub fn cgroup2_root() -> PathBuf {
-    let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
-    mounts
-        .lines()
-        .map(|l| l.split_whitespace().collect::<Vec<_>>())
-        .find(|f| f.get(2) == Some(&"cgroup2"))
-        .map(|f| PathBuf::from(f[1]))
-        .expect("a cgroup2 mount")
+/// Runs `cmd` with `stdin` on its standard input, as a runtime runs a plugin.
+pub fn run_with_stdin(cmd: &mut Command, stdin: &[u8]) -> Output {
+    use std::io::Write;
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(stdin).unwrap();
+    child.wait_with_output().unwrap()
 }
 
 /// One node.
@@ -135,7 +127,7 @@ impl Cluster {
                 bin_dir: root.join("bin"),
                 socket: root.join("cni.sock"),
                 run_dir: root.join("run"),
-                cgroup: cgroup2_root().join(format!("{prefix}-{name}")),
+                cgroup: ambit_ebpf::sys::cgroup2_mount().join(format!("{prefix}-{name}")),
                 pin_dir: PathBuf::from(format!("/sys/fs/bpf/{prefix}-{name}")),
             };
             for d in [&node.conf_dir, &node.bin_dir] {
@@ -236,28 +228,16 @@ impl Cluster {
         conf: &Value,
     ) -> Result<String, String> {
         let plugin = conf["type"].as_str().unwrap().to_string();
-        let mut child = Command::new("ip")
-            .args(["netns", "exec", &node.netns])
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", &node.netns])
             .arg(node.bin_dir.join(&plugin))
             .env("CNI_COMMAND", command)
             .env("CNI_CONTAINERID", &pod.container_id)
             .env("CNI_NETNS", pod.path())
             .env("CNI_IFNAME", ifname)
             .env("CNI_PATH", &node.bin_dir)
-            .env("CNI_ARGS", self.cni_args(pod))
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        use std::io::Write;
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(conf.to_string().as_bytes())
-            .unwrap();
-        let out = child.wait_with_output().unwrap();
+            .env("CNI_ARGS", self.cni_args(pod));
+        let out = run_with_stdin(&mut cmd, conf.to_string().as_bytes());
         let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
         if out.status.success() {
             Ok(stdout)

@@ -6,7 +6,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 static NEXT: AtomicUsize = AtomicUsize::new(0);
 
-fn run(args: &[&str]) {
+/// Runs a command; panics with its stderr if it fails.
+pub(crate) fn run(args: &[&str]) {
     let out = Command::new(args[0])
         .args(&args[1..])
         .output()

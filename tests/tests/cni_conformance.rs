@@ -8,9 +8,8 @@
 use ambit_e2e::netns::Topology;
 use ambit_e2e::{ControlPlane, NodeProxy};
 use serde_json::{json, Value};
-use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 const CNI: &str = env!("CARGO_BIN_EXE_ambit-cni-e2e");
 const VERSIONS: [&str; 3] = ["0.4.0", "1.0.0", "1.1.0"];
@@ -81,19 +80,7 @@ fn cni(env: &[(&str, &str)], stdin: &str) -> Run {
     for (k, v) in env {
         cmd.env(k, v);
     }
-    let mut child = cmd
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(stdin.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
+    let out = ambit_e2e::cni::run_with_stdin(&mut cmd, stdin.as_bytes());
     Run {
         status: out.status.code().unwrap_or(-1),
         stdout: String::from_utf8_lossy(&out.stdout).into_owned(),

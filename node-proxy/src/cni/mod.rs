@@ -140,6 +140,15 @@ pub async fn serve(listener: UnixListener, server: CniServer, shutdown: impl Fut
 }
 
 impl CniServer {
+    /// The netns the pod's listeners are open in, if they are.
+    fn served_netns(&self, key: &str) -> Option<std::path::PathBuf> {
+        self.serving
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(key)
+            .cloned()
+    }
+
     async fn connection(&self, mut stream: UnixStream) {
         let (command, response) =
             match tokio::time::timeout(READ_TIMEOUT, read_request(&stream)).await {
@@ -257,12 +266,7 @@ impl CniServer {
         };
         tracing::info!(pod = %key, netns = %pod.netns.display(), ips = ?pod.ips, "CNI ADD: waiting for the pod's listeners and redirection");
         loop {
-            let served = self
-                .serving
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .get(&key)
-                .cloned();
+            let served = self.served_netns(&key);
             if served.as_ref() == Some(&pod.netns) {
                 return Response::Redirected;
             }
@@ -291,12 +295,7 @@ impl CniServer {
         tracing::info!(pod = %key, removed, "CNI DEL");
         let deadline = tokio::time::Instant::now() + self.add_timeout;
         while removed && tokio::time::Instant::now() < deadline {
-            let serving = self
-                .serving
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .get(&key)
-                .cloned();
+            let serving = self.served_netns(&key);
             if serving.is_none() || serving != netns {
                 break;
             }
@@ -324,12 +323,7 @@ impl CniServer {
                 Response::Ok
             };
         };
-        let served = self
-            .serving
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .get(&key)
-            .cloned();
+        let served = self.served_netns(&key);
         if served.as_ref() == Some(&registered.netns) {
             Response::Ok
         } else {
