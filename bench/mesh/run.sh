@@ -18,6 +18,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROUNDS=${1:-3}
 ROOT=$PWD
+. bench/lib.sh
 OHA=${OHA:-$(command -v oha || echo "$HOME/.cargo/bin/oha")}
 
 need() { command -v "$1" >/dev/null || [ -x "$1" ] || { echo "missing $1: $2" >&2; exit 1; }; }
@@ -50,10 +51,7 @@ cleanup() {
 trap cleanup EXIT
 mkdir "$CG_A" "$CG_B"
 # A client process: in node-a's cgroup, in the client pod's netns.
-client() { # netns cmd...
-    local ns=$1; shift
-    sh -c 'cg=$0; ns=$1; shift; echo $$ > "$cg/cgroup.procs" && exec ip netns exec "$ns" "$@"' "$CG_A" "$ns" "$@"
-}
+client() { local ns=$1; shift; in_pod "$CG_A" "$ns" "$@"; }
 
 # --- topology ----------------------------------------------------------------------------
 ip netns add "$P-br"
@@ -125,27 +123,9 @@ done
 # Each proxy redirects its meshed pods ($REDIRECT).
 
 # --- server applications -------------------------------------------------------------------
-mkdir -p "$WORK/www"
-head -c 1024 /dev/zero | tr '\0' 'a' > "$WORK/www/1k"
-cat > "$WORK/nginx.conf" <<CONF
-worker_processes 1;
-daemon off;
-pid $WORK/nginx.pid;
-error_log $WORK/nginx-error.log;
-events { worker_connections 4096; }
-http {
-    access_log off;
-    keepalive_requests 1000000;
-    server { listen 8080; root $WORK/www; }
-}
-CONF
-ip netns exec "$P-srv" nginx -c "$WORK/nginx.conf" &
-PIDS+=($!)
-ip netns exec "$P-srv" iperf3 -s -p 5201 >/dev/null 2>&1 &
-PIDS+=($!)
+start_servers "$P-srv" srv
 sleep 1
 
-cpu() { awk '{print $14 + $15}' "/proc/$1/stat"; }     # utime + stime, in clock ticks
 TICK=$(getconf CLK_TCK)
 
 run_oha() { # ns keepalive(yes|no) file

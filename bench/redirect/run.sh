@@ -19,6 +19,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROUNDS=${1:-3}
 ROOT=$PWD
+. bench/lib.sh
 OHA=${OHA:-$(command -v oha || echo "$HOME/.cargo/bin/oha")}
 DURATION=${DURATION:-10}
 
@@ -113,34 +114,13 @@ for node in ae be an bn; do
 done
 
 # --- server applications -------------------------------------------------------------------
-mkdir -p "$WORK/www"
-head -c 1024 /dev/zero | tr '\0' 'a' > "$WORK/www/1k"
 for srv in srv-e srv-n srv-d; do
-    cat > "$WORK/nginx-$srv.conf" <<CONF
-worker_processes 1;
-daemon off;
-pid $WORK/nginx-$srv.pid;
-error_log $WORK/nginx-$srv-error.log;
-events { worker_connections 4096; }
-http {
-    access_log off;
-    keepalive_requests 1000000;
-    server { listen 8080; root $WORK/www; }
-}
-CONF
-    ip netns exec "$P-$srv" nginx -c "$WORK/nginx-$srv.conf" &
-    PIDS+=($!)
-    ip netns exec "$P-$srv" iperf3 -s -p 5201 >/dev/null 2>&1 &
-    PIDS+=($!)
+    start_servers "$P-$srv" "$srv"
 done
 sleep 1
 
 # A client process: in node-a's cgroup, in the client pod's netns.
-client() { # ns cmd...
-    local ns=$1; shift
-    sh -c 'cg=$0; ns=$1; shift; echo $$ > "$cg/cgroup.procs" && exec ip netns exec "$ns" "$@"' "$CG_A" "$P-$ns" "$@"
-}
-cpu() { awk '{print $14 + $15}' "/proc/$1/stat"; }     # utime + stime, in clock ticks
+client() { local ns=$1; shift; in_pod "$CG_A" "$P-$ns" "$@"; }
 TICK=$(getconf CLK_TCK)
 declare -A CLI=([direct]=dir [ebpf]=cli-e [nftables]=cli-n) SRV=([direct]=srv-d [ebpf]=srv-e [nftables]=srv-n)
 declare -A NODES=([direct]="ae be" [ebpf]="ae be" [nftables]="an bn")

@@ -24,6 +24,17 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
+/// The Namespaces the tests use, as the first documents of a cluster's YAML: `shop`,
+/// meshed by its annotation, and `legacy`, not meshed.
+pub const NAMESPACES: &str = "apiVersion: v1
+kind: Namespace
+metadata: {name: shop, annotations: {ambit.dev/mesh: enabled}}
+---
+apiVersion: v1
+kind: Namespace
+metadata: {name: legacy}
+";
+
 /// Token of each test node, as the proxy would read it from its ServiceAccount.
 pub fn node_token(node: &str) -> String {
     format!("token-for-{node}-0123456789")

@@ -6,7 +6,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure
 
 use ambit_e2e::netns::Topology;
-use ambit_e2e::{ControlPlane, NodeProxy};
+use ambit_e2e::{ControlPlane, NodeProxy, NAMESPACES};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -16,15 +16,7 @@ const VERSIONS: [&str; 3] = ["0.4.0", "1.0.0", "1.1.0"];
 
 fn cluster(t: &Topology) -> String {
     format!(
-        r#"
-apiVersion: v1
-kind: Namespace
-metadata: {{name: shop, annotations: {{ambit.dev/mesh: enabled}}}}
----
-apiVersion: v1
-kind: Namespace
-metadata: {{name: legacy}}
----
+        r#"{NAMESPACES}---
 apiVersion: v1
 kind: Pod
 metadata: {{name: web, namespace: shop}}

@@ -5,7 +5,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure
 
 use ambit_e2e::netns::Topology;
-use ambit_e2e::{ControlPlane, NodeProxy};
+use ambit_e2e::{ControlPlane, NodeProxy, NAMESPACES};
 use ambit_proxy::netns::Netns;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -15,15 +15,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 fn cluster(t: &Topology) -> String {
     let (client, server, outsider) = (t.pod("client"), t.pod("server"), t.pod("outsider"));
     format!(
-        r#"
-apiVersion: v1
-kind: Namespace
-metadata: {{name: shop, annotations: {{ambit.dev/mesh: enabled}}}}
----
-apiVersion: v1
-kind: Namespace
-metadata: {{name: legacy}}
----
+        r#"{NAMESPACES}---
 apiVersion: v1
 kind: Pod
 metadata: {{name: client, namespace: shop, annotations: {{local.ambit.dev/netns: {}}}}}

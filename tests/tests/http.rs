@@ -7,7 +7,7 @@
 use ambit_api::proto::discovery::discovery_server::{Discovery, DiscoveryServer};
 use ambit_api::proto::discovery::{Update, WatchRequest};
 use ambit_e2e::netns::{PodNet, Topology};
-use ambit_e2e::{ControlPlane, NodeProxy};
+use ambit_e2e::{ControlPlane, NodeProxy, NAMESPACES};
 use ambit_proxy::netns::Netns;
 use std::net::SocketAddr;
 use std::path::Path;
@@ -19,11 +19,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 fn cluster(t: &Topology) -> String {
     let (client, server) = (t.pod("client"), t.pod("server"));
     format!(
-        r#"
-apiVersion: v1
-kind: Namespace
-metadata: {{name: shop, annotations: {{ambit.dev/mesh: enabled}}}}
----
+        r#"{NAMESPACES}---
 apiVersion: v1
 kind: Pod
 metadata: {{name: client, namespace: shop, annotations: {{local.ambit.dev/netns: {}}}}}

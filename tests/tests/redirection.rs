@@ -7,7 +7,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure
 
 use ambit_e2e::cni::{Cluster, CniPod};
-use ambit_e2e::{ControlPlane, NodeProxy};
+use ambit_e2e::{ControlPlane, NodeProxy, NAMESPACES};
 use ambit_proxy::netns::Netns;
 use ambit_proxy::proxy::Redirect;
 use std::net::{IpAddr, SocketAddr};
@@ -27,15 +27,7 @@ fn cluster_yaml(web_ip: Option<&str>) -> String {
         .map(|ip| format!("status: {{podIP: {ip}, phase: Running}}"))
         .unwrap_or_else(|| "status: {phase: Pending}".into());
     format!(
-        r#"
-apiVersion: v1
-kind: Namespace
-metadata: {{name: shop, annotations: {{ambit.dev/mesh: enabled}}}}
----
-apiVersion: v1
-kind: Namespace
-metadata: {{name: legacy}}
----
+        r#"{NAMESPACES}---
 apiVersion: v1
 kind: Pod
 metadata: {{name: cli, namespace: shop, annotations: {{config.ambit.dev/skip-outbound-ports: "5432"}}}}

@@ -1,0 +1,36 @@
+# Shared by the benchmark scripts (sourced). Each caller sets WORK (a scratch directory)
+# and PIDS (an array of the pids it must end), and runs as root.
+
+# The server pod's applications: nginx (1 worker, access log off, a 1 KiB file) on 8080
+# and iperf3 -s on 5201, inside netns $1; their pids are added to PIDS.
+start_servers() { # netns name
+    local ns=$1 name=$2
+    mkdir -p "$WORK/www"
+    [ -f "$WORK/www/1k" ] || head -c 1024 /dev/zero | tr '\0' 'a' > "$WORK/www/1k"
+    cat > "$WORK/nginx-$name.conf" <<CONF
+worker_processes 1;
+daemon off;
+pid $WORK/nginx-$name.pid;
+error_log $WORK/nginx-$name-error.log;
+events { worker_connections 4096; }
+http {
+    access_log off;
+    keepalive_requests 1000000;
+    server { listen 8080; root $WORK/www; }
+}
+CONF
+    ip netns exec "$ns" nginx -c "$WORK/nginx-$name.conf" &
+    PIDS+=($!)
+    ip netns exec "$ns" iperf3 -s -p 5201 >/dev/null 2>&1 &
+    PIDS+=($!)
+}
+
+# Runs a client process of a pod: in cgroup $1 (where the eBPF programs are attached) and
+# in netns $2. Into the cgroup first: `ip netns exec` mounts a sysfs of the netns, which
+# hides the cgroup tree.
+in_pod() { # cgroup netns cmd...
+    sh -c 'cg=$0; ns=$1; shift; echo $$ > "$cg/cgroup.procs" && exec ip netns exec "$ns" "$@"' "$@"
+}
+
+# utime + stime of a process, in clock ticks.
+cpu() { awk '{print $14 + $15}' "/proc/$1/stat"; }
