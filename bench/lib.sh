@@ -1,6 +1,26 @@
 # Shared by the benchmark scripts (sourced). Each caller sets WORK (a scratch directory)
 # and PIDS (an array of the pids it must end), and runs as root.
 
+# Checks the tools the benchmarks run and builds the release binaries; sets OHA and BIN.
+prepare() {
+    OHA=${OHA:-$(command -v oha || echo "$HOME/.cargo/bin/oha")}
+    need() { command -v "$1" >/dev/null || [ -x "$1" ] || { echo "missing $1: $2" >&2; exit 1; }; }
+    need nginx "apt-get install nginx-light"
+    need iperf3 "apt-get install iperf3"
+    need nft "apt-get install nftables"
+    need "$OHA" "cargo install oha --locked"
+    cargo build --release -q -p ambit-control -p ambit-proxy -p ambit-cli
+    BIN=$PWD/target/release
+}
+
+# A scratch directory that nginx's workers (www-data) can read.
+scratch_dir() { # prefix
+    local dir
+    dir=$(mktemp -d "/tmp/$1.XXXXXX")
+    chmod 755 "$dir"
+    echo "$dir"
+}
+
 # The server pod's applications: nginx (1 worker, access log off, a 1 KiB file) on 8080
 # and iperf3 -s on 5201, inside netns $1; their pids are added to PIDS.
 start_servers() { # netns name

@@ -20,21 +20,12 @@ cd "$(dirname "$0")/../.."
 ROUNDS=${1:-3}
 ROOT=$PWD
 . bench/lib.sh
-OHA=${OHA:-$(command -v oha || echo "$HOME/.cargo/bin/oha")}
 DURATION=${DURATION:-10}
 
-need() { command -v "$1" >/dev/null || [ -x "$1" ] || { echo "missing $1: $2" >&2; exit 1; }; }
-need nginx "apt-get install nginx-light"
-need iperf3 "apt-get install iperf3"
-need nft "apt-get install nftables"
-need "$OHA" "cargo install oha --locked"
-
-cargo build --release -q -p ambit-control -p ambit-proxy -p ambit-cli
-BIN=$ROOT/target/release
+prepare   # tools present, release binaries built: sets OHA and BIN
 
 P=ambr$$
-WORK=$(mktemp -d /tmp/ambit-rbench.XXXXXX)
-chmod 755 "$WORK"   # nginx workers (www-data) read the files
+WORK=$(scratch_dir ambit-rbench)
 OUT=$ROOT/bench/redirect/results/$(date -u +%Y%m%dT%H%M%SZ)
 CG_ROOT=$(awk '$3 == "cgroup2" {print $2; exit}' /proc/mounts)
 CG_A=$CG_ROOT/$P-a CG_B=$CG_ROOT/$P-b
