@@ -45,6 +45,10 @@ if [ "$(id -u)" != 0 ]; then
     exit 1
 fi
 
+# bpffs for the eBPF pins (the loader mounts it too; once here, before tests run in
+# parallel).
+mountpoint -q /sys/fs/bpf || mount -t bpf bpf /sys/fs/bpf
+
 # --- Checks --------------------------------------------------------------------------
 log "cargo fmt --check"
 cargo fmt --all -- --check

@@ -133,6 +133,12 @@ impl std::fmt::Debug for Redirection {
 /// Makes sure `pin_dir` can be created on a bpffs: mounts one at `/sys/fs/bpf` if
 /// nothing is mounted there (as Cilium and Istio do), refuses any other non-bpffs place.
 fn ensure_bpffs(pin_dir: &Path) -> Result<(), Error> {
+    // Two loaders in one process must not both mount: the second mount would hide what
+    // the first pinned.
+    static MOUNTING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one_at_a_time = MOUNTING
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let parent = pin_dir.parent().unwrap_or(Path::new("/"));
     let on_bpffs = sys::is_bpffs(parent).map_err(io_err(format!("{}", parent.display())))?;
     if on_bpffs {
