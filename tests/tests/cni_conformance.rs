@@ -302,10 +302,45 @@ async fn every_command_in_every_version_against_a_real_proxy() {
         .await;
     }
 
+    // A client that sends half a request and stalls is cut off after 5 s; meanwhile the
+    // socket serves everyone else.
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut slow = tokio::net::UnixStream::connect(&socket).await.unwrap();
+    slow.write_all(&[0, 0, 0, 200, b'{']).await.unwrap();
+    let status = {
+        let (socket, web) = (
+            socket.clone(),
+            Pod {
+                netns: web.netns.clone(),
+                ..web
+            },
+        );
+        blocking(move || {
+            cni(
+                &env("STATUS", &web, "", ""),
+                &conf("1.1.0", &socket, &web, false),
+            )
+        })
+        .await
+    };
+    assert_eq!(status.status, 0, "{status:?}");
+    let mut answer = Vec::new();
+    let cut_off = tokio::time::timeout(
+        std::time::Duration::from_secs(15),
+        slow.read_to_end(&mut answer),
+    )
+    .await;
+    assert!(cut_off.is_ok(), "the stalled client was not cut off");
+    let answer: Value = serde_json::from_slice(&answer[4..]).unwrap();
+    assert_eq!(answer["code"], 6);
+    assert!(
+        answer["msg"].as_str().unwrap().contains("incomplete"),
+        "{answer}"
+    );
+
     // Garbage on the socket is answered with a decode error and counted; the proxy goes
     // on serving.
     let mut raw = tokio::net::UnixStream::connect(&socket).await.unwrap();
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     raw.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
     let mut answer = Vec::new();
     raw.read_to_end(&mut answer).await.unwrap();
@@ -314,7 +349,7 @@ async fn every_command_in_every_version_against_a_real_proxy() {
     assert_eq!(answer["code"], 6);
     let m = proxy.metrics().await;
     assert!(
-        m.contains("cni_requests_total{command=\"invalid\",result=\"error\"} 1"),
+        m.contains("cni_requests_total{command=\"invalid\",result=\"error\"} 2"),
         "{m}"
     );
     let web2 = Pod {
