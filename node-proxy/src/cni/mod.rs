@@ -222,11 +222,25 @@ impl CniServer {
             if let Some(w) = found {
                 break w;
             }
-            if tokio::time::timeout_at(deadline, state.changed())
-                .await
-                .is_err()
-            {
-                return error(code::TRY_AGAIN, format!("pod {key} is not known to the control plane yet"), format!("waited {:?} for discovery to list it; check that ambit-control watches its namespace", self.add_timeout));
+            match tokio::time::timeout_at(deadline, state.changed()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) => {
+                    return error(
+                        code::TRY_AGAIN,
+                        "the node proxy is shutting down",
+                        "the runtime retries the pod once the proxy is back",
+                    )
+                }
+                Err(_) => {
+                    return error(
+                        code::TRY_AGAIN,
+                        format!("pod {key} is not known to the control plane yet"),
+                        format!(
+                            "waited {:?} for discovery to list it; check that ambit-control watches its namespace",
+                            self.add_timeout
+                        ),
+                    )
+                }
             }
         };
         if !workload.meshed {

@@ -95,21 +95,24 @@ impl Redirector {
     }
 
     /// Redirects the pod's traffic to `listeners` (which must already be open, so that a
-    /// redirected connection always finds one); returns the pod's netns cookie.
+    /// redirected connection always finds one); returns the pod's netns cookie (eBPF),
+    /// or 0.
     pub async fn install(
         &self,
         netns: &Netns,
         w: &Workload,
         listeners: &[FamilyListeners<'_>],
     ) -> io::Result<u64> {
-        let cookie = match listeners.first() {
-            Some(l) => ambit_ebpf::sys::netns_cookie(l.outbound.as_fd())?,
-            None => 0,
-        };
         match self {
-            Redirector::Nftables => nftables::install(netns, w).await?,
-            Redirector::None => {}
+            // SO_NETNS_COOKIE (Linux 5.14) is only asked for where eBPF needs it: the
+            // nftables fallback is for kernels that may not have it.
+            Redirector::Nftables => nftables::install(netns, w).await.map(|()| 0),
+            Redirector::None => Ok(0),
             Redirector::Ebpf(r) => {
+                let cookie = match listeners.first() {
+                    Some(l) => ambit_ebpf::sys::netns_cookie(l.outbound.as_fd())?,
+                    None => 0,
+                };
                 let mut r = Self::ebpf(r);
                 for ip in &w.ips {
                     let l = listeners
@@ -130,9 +133,9 @@ impl Redirector {
                     skip_outbound: skip_out,
                 })
                 .map_err(io::Error::other)?;
+                Ok(cookie)
             }
         }
-        Ok(cookie)
     }
 
     /// Stops redirecting a pod that left the mesh (its netns may be gone already).
