@@ -402,11 +402,7 @@ impl Drop for Cluster {
     fn drop(&mut self) {
         for node in &self.nodes {
             // Netns handles the proxy kept (a proxy stopped mid-test leaves them).
-            if let Ok(entries) = std::fs::read_dir(node.run_dir.join("netns")) {
-                for e in entries.flatten() {
-                    let _ = nix::mount::umount2(&e.path(), nix::mount::MntFlags::MNT_DETACH);
-                }
-            }
+            drop(crate::NetnsHandles(node.run_dir.clone()));
             let _ = ambit_ebpf::remove_pinned(&node.pin_dir);
         }
         for ns in self.netns.lock().unwrap().iter().rev() {

@@ -274,6 +274,23 @@ pub fn proxy_config(
     }
 }
 
+/// Releases, on drop, the netns handles a proxy keeps under its run directory (bind
+/// mounts that would otherwise keep a test's namespaces alive after the test). A test
+/// that restarts a proxy keeps the guard for the whole test: the handles are what the
+/// restarted proxy finds its pods by.
+#[derive(Debug)]
+pub struct NetnsHandles(pub PathBuf);
+
+impl Drop for NetnsHandles {
+    fn drop(&mut self) {
+        if let Ok(entries) = std::fs::read_dir(self.0.join("netns")) {
+            for e in entries.flatten() {
+                let _ = nix::mount::umount2(&e.path(), nix::mount::MntFlags::MNT_DETACH);
+            }
+        }
+    }
+}
+
 /// A node proxy running in this process.
 #[derive(Debug)]
 pub struct NodeProxy {

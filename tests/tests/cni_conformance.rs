@@ -150,6 +150,7 @@ async fn every_command_in_every_version_against_a_real_proxy() {
     let socket = cp.dir.path().join("cni.sock");
     config.cni_socket = socket.clone();
     config.cni_add_timeout = std::time::Duration::from_secs(1);
+    let _handles = ambit_e2e::NetnsHandles(config.run_dir.clone());
     let proxy = NodeProxy::start_config(config).await;
     let web = Pod {
         namespace: "shop",
