@@ -209,3 +209,48 @@ impl PodRegistry {
             .collect()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(dir: &Path, name: &str, netns: &Path) {
+        let pod = CniPod {
+            namespace: "shop".into(),
+            name: name.into(),
+            uid: String::new(),
+            container_id: format!("sandbox-{name}"),
+            ips: vec!["10.1.0.5".parse().unwrap_or(IpAddr::from([0, 0, 0, 0]))],
+            netns: netns.to_path_buf(),
+        };
+        let json = serde_json::to_vec(&pod).unwrap_or_default();
+        let _ = std::fs::write(dir.join("pods").join(format!("shop_{name}.json")), json);
+    }
+
+    #[test]
+    fn a_restart_restores_pods_whose_netns_is_mounted_and_forgets_the_others() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let _ = PodRegistry::open(dir.path()).unwrap_or_else(|e| panic!("{e}"));
+        // A real namespace file (this process's netns) and a plain file left behind.
+        record(dir.path(), "alive", Path::new("/proc/self/ns/net"));
+        let stale = dir.path().join("netns").join("shop_gone_x");
+        let _ = std::fs::write(&stale, b"");
+        record(dir.path(), "gone", &stale);
+        let _ = std::fs::write(dir.path().join("pods").join("garbage.json"), b"{not json");
+
+        let reg = PodRegistry::open(dir.path()).unwrap_or_else(|e| panic!("{e}"));
+        let pods = reg.pods();
+        assert_eq!(pods.keys().collect::<Vec<_>>(), ["shop/alive"]);
+        assert!(!dir.path().join("pods/shop_gone.json").exists());
+        assert!(!dir.path().join("pods/garbage.json").exists());
+        assert!(!stale.exists());
+        // DEL of another sandbox, and GC listing this one, leave the pod alone.
+        assert!(!reg.remove("shop", "alive", Some("another-sandbox")));
+        assert!(!reg.remove("shop", "unknown", None));
+        assert_eq!(
+            reg.retain_sandboxes(&["sandbox-alive".into()]),
+            Vec::<String>::new()
+        );
+        assert_eq!(reg.pods().len(), 1);
+    }
+}
