@@ -141,6 +141,8 @@ impl PodRegistry {
             "{}_{sandbox}",
             file_name(&pod.namespace, &pod.name)
         ));
+        // A handle left by a proxy that stopped between mounting and recording.
+        unmount(&target);
         File::create(&target)?;
         let source = format!("/proc/self/fd/{}", netns.as_raw_fd());
         if let Err(e) = nix::mount::mount(
