@@ -29,6 +29,7 @@ fn main() {
         }
         return;
     }
+    install_toolchain(&manifest);
     let target_dir = out.join("bpf-target");
     let mut cargo = Command::new("rustup");
     cargo
@@ -37,18 +38,7 @@ fn main() {
         .arg("--target-dir")
         .arg(&target_dir)
         .current_dir(manifest.join("programs"));
-    // The outer cargo's settings (its rustc, flags, toolchain) are not the nightly's.
-    for (key, _) in std::env::vars_os() {
-        let key = key.to_string_lossy().into_owned();
-        if (key.starts_with("CARGO") && key != "CARGO_HOME")
-            || key.starts_with("RUSTC")
-            || key.starts_with("RUSTDOC")
-            || key == "RUSTFLAGS"
-            || key == "RUSTUP_TOOLCHAIN"
-        {
-            cargo.env_remove(&key);
-        }
-    }
+    clean_env(&mut cargo);
     let status = cargo.status();
     match status {
         Ok(s) if s.success() => {}
@@ -60,5 +50,51 @@ fn main() {
     let built = target_dir.join("bpfel-unknown-none/release/ambit-redirect");
     if let Err(e) = std::fs::copy(&built, &object) {
         panic!("copying {}: {e}", built.display());
+    }
+}
+
+/// Installs the nightly rust-src and bpf-linker when bpf-linker is missing, with the same
+/// idempotent script the test command runs (so a plain `cargo build` works on a fresh
+/// machine too).
+fn install_toolchain(manifest: &std::path::Path) {
+    let found = std::env::var_os("PATH").is_some_and(|path| {
+        std::env::split_paths(&path).any(|dir| dir.join("bpf-linker").is_file())
+    }) || std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")))
+        .is_some_and(|home| home.join("bin/bpf-linker").is_file());
+    if found {
+        return;
+    }
+    let script = manifest.join("../scripts/install-bpf-toolchain.sh");
+    println!(
+        "cargo:warning=bpf-linker not found; running {}",
+        script.display()
+    );
+    let mut cmd = Command::new("bash");
+    cmd.arg(&script);
+    clean_env(&mut cmd);
+    match cmd.status() {
+        Ok(s) if s.success() => {}
+        other => panic!(
+            "installing the eBPF toolchain failed ({other:?}); run {} by hand",
+            script.display()
+        ),
+    }
+}
+
+/// Removes the outer cargo's settings (its rustc, flags, toolchain): they are not the
+/// nightly's.
+fn clean_env(cmd: &mut Command) {
+    for (key, _) in std::env::vars_os() {
+        let key = key.to_string_lossy().into_owned();
+        if (key.starts_with("CARGO") && key != "CARGO_HOME")
+            || key.starts_with("RUSTC")
+            || key.starts_with("RUSTDOC")
+            || key == "RUSTFLAGS"
+            || key == "RUSTUP_TOOLCHAIN"
+        {
+            cmd.env_remove(&key);
+        }
     }
 }
