@@ -21,6 +21,25 @@ scratch_dir() { # prefix
     echo "$dir"
 }
 
+# Pods as network namespaces <prefix>-<name> on a bridge in <prefix>-br, addressed
+# 10.78.0.2, .3, ... in the order given. The caller deletes them (its cleanup trap).
+pods_on_bridge() { # prefix name...
+    local p=$1 i=2 ns
+    shift
+    ip netns add "$p-br"
+    ip -n "$p-br" link add br0 type bridge
+    ip -n "$p-br" link set br0 up
+    for ns in "$@"; do
+        ip netns add "$p-$ns"
+        ip -n "$p-$ns" link add eth0 type veth peer name "p$i" netns "$p-br"
+        ip -n "$p-br" link set "p$i" master br0 up
+        ip -n "$p-$ns" addr add "10.78.0.$i/24" dev eth0
+        ip -n "$p-$ns" link set eth0 up
+        ip -n "$p-$ns" link set lo up
+        i=$((i + 1))
+    done
+}
+
 # The server pod's applications: nginx (1 worker, access log off, a 1 KiB file) on 8080
 # and iperf3 -s on 5201, inside netns $1; their pids are added to PIDS.
 start_servers() { # netns name

@@ -18,8 +18,6 @@ pub const MAX_MESSAGE: usize = 64 * 1024;
 pub mod code {
     /// Incompatible CNI version.
     pub const INCOMPATIBLE_VERSION: u32 = 1;
-    /// Container unknown or does not exist.
-    pub const UNKNOWN_CONTAINER: u32 = 3;
     /// Invalid necessary environment variables.
     pub const INVALID_ENV: u32 = 4;
     /// I/O failure.

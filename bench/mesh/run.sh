@@ -45,19 +45,7 @@ mkdir "$CG_A" "$CG_B"
 client() { local ns=$1; shift; in_pod "$CG_A" "$ns" "$@"; }
 
 # --- topology ----------------------------------------------------------------------------
-ip netns add "$P-br"
-ip -n "$P-br" link add br0 type bridge
-ip -n "$P-br" link set br0 up
-i=2
-for ns in cli dir srv; do
-    ip netns add "$P-$ns"
-    ip -n "$P-$ns" link add eth0 type veth peer name "p$i" netns "$P-br"
-    ip -n "$P-br" link set "p$i" master br0 up
-    ip -n "$P-$ns" addr add "10.78.0.$i/24" dev eth0
-    ip -n "$P-$ns" link set eth0 up
-    ip -n "$P-$ns" link set lo up
-    i=$((i + 1))
-done
+pods_on_bridge "$P" cli dir srv   # 10.78.0.2, .3, .4
 CLI=10.78.0.2 DIR=10.78.0.3 SRV=10.78.0.4
 
 # --- control plane and proxies ------------------------------------------------------------

@@ -45,19 +45,7 @@ trap cleanup EXIT
 mkdir "$CG_A" "$CG_B"
 
 # --- topology ----------------------------------------------------------------------------
-ip netns add "$P-br"
-ip -n "$P-br" link add br0 type bridge
-ip -n "$P-br" link set br0 up
-i=2
-for ns in cli-e cli-n dir srv-e srv-n srv-d; do
-    ip netns add "$P-$ns"
-    ip -n "$P-$ns" link add eth0 type veth peer name "p$i" netns "$P-br"
-    ip -n "$P-br" link set "p$i" master br0 up
-    ip -n "$P-$ns" addr add "10.78.0.$i/24" dev eth0
-    ip -n "$P-$ns" link set eth0 up
-    ip -n "$P-$ns" link set lo up
-    i=$((i + 1))
-done
+pods_on_bridge "$P" cli-e cli-n dir srv-e srv-n srv-d   # 10.78.0.2 … .7
 declare -A IP=([cli-e]=10.78.0.2 [cli-n]=10.78.0.3 [dir]=10.78.0.4 [srv-e]=10.78.0.5 [srv-n]=10.78.0.6 [srv-d]=10.78.0.7)
 
 # --- control plane and proxies ------------------------------------------------------------

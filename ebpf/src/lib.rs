@@ -233,11 +233,6 @@ impl Redirection {
         Ok(r)
     }
 
-    /// The pin directory.
-    pub fn pin_dir(&self) -> &Path {
-        &self.pin_dir
-    }
-
     fn program_fd(&self, name: &'static str) -> Result<BorrowedFd<'_>, Error> {
         let program = self.ebpf.program(name).ok_or(Error::Map {
             name,

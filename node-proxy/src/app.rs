@@ -74,12 +74,7 @@ pub async fn run(
 
     let redirector =
         crate::proxy::Redirector::new(config.redirect, &config.bpf_pin_dir, &config.cgroup_path)
-            .map_err(|e| {
-                AppError::Redirect(format!(
-                    "{}: {e}",
-                    serde_json::to_value(config.redirect).unwrap_or_default()
-                ))
-            })?;
+            .map_err(AppError::Redirect)?;
     let pods = crate::cni::PodRegistry::open(&config.run_dir)
         .map_err(|e| AppError::File(format!("--run-dir {}: {e}", config.run_dir.display())))?;
 
@@ -252,10 +247,7 @@ fn ready_probe(
         if !s.synced {
             return Err("discovery has not delivered a snapshot yet".into());
         }
-        let open = serving
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone();
+        let open = serving.borrow().clone();
         let waiting: Vec<_> = crate::proxy::pods_to_serve(&s, &pods.pods(), &node)
             .into_values()
             .filter(|w| open.get(&w.key()) != w.netns.as_ref())

@@ -92,7 +92,8 @@ pub struct Cluster {
     /// The nodes.
     pub nodes: Vec<CniNode>,
     netns: std::sync::Mutex<Vec<String>>,
-    dir: tempfile::TempDir,
+    /// Holds the nodes' CNI directories and run directories; removed on drop.
+    _dir: tempfile::TempDir,
 }
 
 impl Cluster {
@@ -189,7 +190,7 @@ impl Cluster {
             prefix,
             nodes,
             netns: std::sync::Mutex::new(netns),
-            dir,
+            _dir: dir,
         }
     }
 
@@ -390,11 +391,6 @@ impl Cluster {
             .output()
             .unwrap();
         String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-
-    /// A directory that goes with the cluster.
-    pub fn dir(&self) -> &Path {
-        self.dir.path()
     }
 }
 

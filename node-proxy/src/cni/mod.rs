@@ -20,6 +20,7 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -142,11 +143,21 @@ pub async fn serve(listener: UnixListener, server: CniServer, shutdown: impl Fut
 impl CniServer {
     /// The netns the pod's listeners are open in, if they are.
     fn served_netns(&self, key: &str) -> Option<std::path::PathBuf> {
-        self.serving
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .get(key)
-            .cloned()
+        self.serving.borrow().get(key).cloned()
+    }
+
+    /// Waits until `done` holds of the served pods, or `deadline`; whether it held.
+    async fn wait_serving(
+        &self,
+        deadline: tokio::time::Instant,
+        done: impl FnMut(&BTreeMap<String, std::path::PathBuf>) -> bool,
+    ) -> bool {
+        let mut serving = self.serving.subscribe();
+        let held = matches!(
+            tokio::time::timeout_at(deadline, serving.wait_for(done)).await,
+            Ok(Ok(_))
+        );
+        held
     }
 
     async fn connection(&self, mut stream: UnixStream) {
@@ -279,23 +290,20 @@ impl CniServer {
             }
         };
         tracing::info!(pod = %key, netns = %pod.netns.display(), ips = ?pod.ips, "CNI ADD: waiting for the pod's listeners and redirection");
-        loop {
-            let served = self.served_netns(&key);
-            if served.as_ref() == Some(&pod.netns) {
-                return Response::Redirected;
-            }
-            if tokio::time::Instant::now() >= deadline {
-                return error(
-                    code::NOT_REDIRECTED,
-                    format!("the node proxy could not redirect pod {key} in time"),
-                    format!(
-                        "listeners or redirection not in place after {:?}; see the proxy's log",
-                        self.add_timeout
-                    ),
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+        if self
+            .wait_serving(deadline, |s| s.get(&key) == Some(&pod.netns))
+            .await
+        {
+            return Response::Redirected;
         }
+        error(
+            code::NOT_REDIRECTED,
+            format!("the node proxy could not redirect pod {key} in time"),
+            format!(
+                "listeners or redirection not in place after {:?}; see the proxy's log",
+                self.add_timeout
+            ),
+        )
     }
 
     /// Forgets the pod, and answers once its listeners are closed (peers told to go
@@ -307,13 +315,12 @@ impl CniServer {
             .registry
             .remove(&pod.namespace, &pod.name, Some(&pod.container_id));
         tracing::info!(pod = %key, removed, "CNI DEL");
-        let deadline = tokio::time::Instant::now() + self.add_timeout;
-        while removed && tokio::time::Instant::now() < deadline {
-            let serving = self.served_netns(&key);
-            if serving.is_none() || serving != netns {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+        if removed {
+            let deadline = tokio::time::Instant::now() + self.add_timeout;
+            self.wait_serving(deadline, |s| {
+                netns.is_none() || s.get(&key) != netns.as_ref()
+            })
+            .await;
         }
         Response::Ok
     }

@@ -124,8 +124,8 @@ pub struct Shared {
 }
 
 /// Every pod whose listeners (and redirection) are in place: `<namespace>/<name>` and the
-/// netns they were opened in.
-pub type ServingPods = Arc<std::sync::Mutex<BTreeMap<String, std::path::PathBuf>>>;
+/// netns they were opened in. A watch, so that the CNI socket can wait for a change.
+pub type ServingPods = Arc<watch::Sender<BTreeMap<String, std::path::PathBuf>>>;
 
 /// The local pods to serve: meshed pods on `node` that the CNI plugin handed over (with
 /// the netns and addresses it gave), or that name their netns themselves (local mode).
@@ -167,9 +167,7 @@ pub struct PodContext {
 }
 
 struct Running {
-    workload: Arc<Workload>,
-    netns: Arc<Netns>,
-    netns_cookie: u64,
+    pod: Arc<PodContext>,
     stop: watch::Sender<bool>,
     /// The accept loops; they end (closing the listeners) soon after `stop`.
     loops: Vec<tokio::task::JoinHandle<()>>,
@@ -199,7 +197,7 @@ pub async fn serve_pods(
             .filter(|(key, r)| {
                 !want
                     .get(*key)
-                    .is_some_and(|w| w.netns == r.workload.netns && w.ips == r.workload.ips)
+                    .is_some_and(|w| w.netns == r.pod.workload.netns && w.ips == r.pod.workload.ips)
             })
             .map(|(key, _)| key.clone())
             .collect();
@@ -209,13 +207,14 @@ pub async fn serve_pods(
             };
             tracing::info!(pod = %key, "pod left; closing its listeners");
             r.stop.send_replace(true);
-            forget_later(&shared, &r.workload, state.clone(), node.clone());
+            let pod = &r.pod;
+            forget_later(&shared, &pod.workload, state.clone(), node.clone());
             // A pod that is no longer meshed must not keep redirection that points at
             // listeners that are gone. Done before any pod starts: a new sandbox of the
             // same pod may take the same addresses.
             if let Err(error) = shared
                 .redirector
-                .remove(&r.netns, &r.workload, r.netns_cookie)
+                .remove(&pod.netns, &pod.workload, pod.netns_cookie)
                 .await
             {
                 tracing::debug!(pod = %key, %error, "redirection not removed (netns gone?)");
@@ -235,13 +234,12 @@ pub async fn serve_pods(
                 }
             }
         }
-        *shared
-            .serving
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = running
-            .iter()
-            .map(|(k, r)| (k.clone(), r.netns.path().to_path_buf()))
-            .collect();
+        shared.serving.send_replace(
+            running
+                .iter()
+                .map(|(k, r)| (k.clone(), r.pod.netns.path().to_path_buf()))
+                .collect(),
+        );
         // A pod whose netns could not be entered (not there yet, a port taken) is tried
         // again after a while even if discovery has nothing new to say.
         let retry = async {
@@ -326,13 +324,11 @@ async fn start_pod(shared: &Shared, workload: Arc<Workload>) -> std::io::Result<
         .redirector
         .install(&netns, &workload, &families)
         .await?;
-    drop(families);
     let netns = Arc::new(netns);
     let clients = client::PodClients::new(netns.clone());
-    let pod_netns = netns.clone();
     let (stop, stopped) = watch::channel(false);
     let pod = Arc::new(PodContext {
-        workload: workload.clone(),
+        workload,
         netns,
         netns_cookie,
         clients,
@@ -359,13 +355,7 @@ async fn start_pod(shared: &Shared, workload: Arc<Workload>) -> std::io::Result<
             stopped.clone(),
         )));
     }
-    Ok(Running {
-        workload,
-        netns: pod_netns,
-        netns_cookie,
-        stop,
-        loops,
-    })
+    Ok(Running { pod, stop, loops })
 }
 
 /// Copy buffer per direction of a relayed connection. 8 KiB (tokio's default) cost a TLS

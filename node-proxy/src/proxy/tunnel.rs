@@ -84,26 +84,16 @@ impl TunnelPool {
         let (mut sender, pooled) = self.sender_pooled(t).await?;
         match sender.try_send_request(req).await {
             Ok(resp) => Ok(resp),
-            Err(mut e) => {
-                self.forget_closed(t);
-                match (pooled, e.take_message()) {
-                    (true, Some(req)) => {
-                        tracing::debug!(peer = %t.peer, error = %e.error(), "pooled tunnel was dead; sending on a new one");
-                        let mut fresh = self.connect_new(t).await?;
-                        fresh.send_request(req).await.map_err(failed)
-                    }
-                    _ => Err(failed(e.into_error())),
+            // The dead connection needs no eviction: it is no longer ready, so the next
+            // request (or the retry below) replaces it in the pool.
+            Err(mut e) => match (pooled, e.take_message()) {
+                (true, Some(req)) => {
+                    tracing::debug!(peer = %t.peer, error = %e.error(), "pooled tunnel was dead; sending on a new one");
+                    let mut fresh = self.connect_new(t).await?;
+                    fresh.send_request(req).await.map_err(failed)
                 }
-            }
-        }
-    }
-
-    /// Drops the pooled connection to the peer if it is closed.
-    fn forget_closed(&self, t: &Tunnel<'_>) {
-        let key = (t.source.0.clone(), t.peer);
-        let mut conns = self.conns.lock().unwrap_or_else(PoisonError::into_inner);
-        if conns.get(&key).is_some_and(|s| s.is_closed()) {
-            conns.remove(&key);
+                _ => Err(failed(e.into_error())),
+            },
         }
     }
 

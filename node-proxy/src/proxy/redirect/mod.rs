@@ -66,8 +66,8 @@ impl Redirector {
     /// (logged); with `ebpf`, it is an error.
     pub fn new(mode: Redirect, pin_dir: &Path, cgroup: &Path) -> Result<Self, String> {
         let ebpf = || -> Result<Self, String> {
-            let r = Redirection::load(pin_dir).map_err(|e| e.to_string())?;
-            r.attach_cgroup(cgroup).map_err(|e| e.to_string())?;
+            let r = Redirection::load(pin_dir).map_err(|e| format!("ebpf: {e}"))?;
+            r.attach_cgroup(cgroup).map_err(|e| format!("ebpf: {e}"))?;
             Ok(Self::Ebpf(Arc::new(Mutex::new(r))))
         };
         match mode {
