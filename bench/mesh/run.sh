@@ -1,19 +1,26 @@
 #!/usr/bin/env bash
 # Ambit data-path benchmark: through the mesh vs direct, side by side, in one run.
 #
-#   sudo bench/mesh/run.sh [ROUNDS]        (default 3 rounds; ~5 minutes)
+#   sudo bench/mesh/run.sh [ROUNDS]        (default 3 rounds; ~8 minutes)
 #   REDIRECT=nftables sudo bench/mesh/run.sh   (default: ebpf)
 #
 # Topology (network namespaces on a bridge, nothing leaves this machine):
-#   cli  meshed client pod on node-a  (redirected by its proxy: eBPF or nftables)
-#   dir  unmeshed client pod on node-a (direct path, no proxy)
-#   srv  meshed server pod on node-b: nginx (1 worker, access log off, 1 KiB file) and
-#        iperf3 -s
-# Two ambit-proxy processes (node-a, node-b) and ambit-control run on loopback.
-# Each round runs, for direct then mesh: oha keep-alive, oha new connection per request,
-# iperf3 single stream. Results: bench/mesh/results/<timestamp>/ and a summary on stdout.
-# With eBPF, the programs attach to cgroups made for the run (never the machine's root),
-# and every client process runs in node-a's.
+#   cli   meshed client pod on node-a  (redirected by its proxy: eBPF or nftables)
+#   dir   unmeshed client pod on node-a
+#   srv   meshed server pod on node-b: nginx (1 worker, access log off, 1 KiB file) and
+#         iperf3 -s
+#   sdir  unmeshed server pod on node-b, the same servers
+# Three paths, each round in turn:
+#   direct  dir -> sdir: no proxy at all (a meshed server's pod IP would be captured by
+#           its proxy's plaintext inbound listener, so the direct path has its own server)
+#   relay   dir -> socat in dir -> socat in sdir -> sdir: the same three hops as the mesh
+#           through two plain TCP relays that do nothing but copy (the floor of any design
+#           with a process in the path at each end; keep-alive and iperf3 only)
+#   mesh    cli -> proxy node-a -> mTLS/HTTP/2 -> proxy node-b -> srv
+# Each path runs oha keep-alive, oha new connection per request (not relay: socat forks per
+# connection) and iperf3 single stream. Results: bench/mesh/results/<timestamp>/ and a
+# summary on stdout. With eBPF, the programs attach to cgroups made for the run (never the
+# machine's root), and every client process runs in node-a's.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROUNDS=${1:-3}
@@ -26,27 +33,28 @@ P=ambb$$
 REDIRECT=${REDIRECT:-ebpf}
 WORK=$(scratch_dir ambit-bench)
 CG_ROOT=$(awk '$3 == "cgroup2" {print $2; exit}' /proc/mounts)
-CG_A=$CG_ROOT/$P-a CG_B=$CG_ROOT/$P-b
+CG_A=$CG_ROOT/$P-a CG_B=$CG_ROOT/$P-b CG_R=$CG_ROOT/$P-relay
 OUT=$ROOT/bench/mesh/results/$(date -u +%Y%m%dT%H%M%SZ)
 mkdir -p "$OUT"
 PIDS=()
 cleanup() {
     for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
     for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
-    for ns in cli dir srv br; do ip netns del "$P-$ns" 2>/dev/null || true; done
+    [ -d "$CG_R" ] && echo 1 > "$CG_R/cgroup.kill" && sleep 0.2
+    for ns in cli dir srv sdir br; do ip netns del "$P-$ns" 2>/dev/null || true; done
     # Removing the pins detaches the programs.
     rm -rf "/sys/fs/bpf/$P-a" "/sys/fs/bpf/$P-b"
-    rmdir "$CG_A" "$CG_B" 2>/dev/null || true
+    rmdir "$CG_A" "$CG_B" "$CG_R" 2>/dev/null || true
     rm -rf "$WORK"
 }
 trap cleanup EXIT
-mkdir "$CG_A" "$CG_B"
+mkdir "$CG_A" "$CG_B" "$CG_R"
 # A client process: in node-a's cgroup, in the client pod's netns.
 client() { local ns=$1; shift; in_pod "$CG_A" "$ns" "$@"; }
 
 # --- topology ----------------------------------------------------------------------------
-pods_on_bridge "$P" cli dir srv   # 10.78.0.2, .3, .4
-CLI=10.78.0.2 DIR=10.78.0.3 SRV=10.78.0.4
+pods_on_bridge "$P" cli dir srv sdir   # 10.78.0.2, .3, .4, .5
+CLI=10.78.0.2 DIR=10.78.0.3 SRV=10.78.0.4 SDIR=10.78.0.5
 
 # --- control plane and proxies ------------------------------------------------------------
 "$BIN/ambit" pki init --out "$WORK/pki" >/dev/null
@@ -73,6 +81,12 @@ kind: Pod
 metadata: {name: srv, namespace: bench, annotations: {local.ambit.dev/netns: /run/netns/$P-srv}}
 spec: {nodeName: node-b, serviceAccountName: server, containers: []}
 status: {podIP: $SRV, phase: Running}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: sdir, namespace: bench, annotations: {ambit.dev/mesh: disabled}}
+spec: {nodeName: node-b, serviceAccountName: direct-server, containers: []}
+status: {podIP: $SDIR, phase: Running}
 YAML
 printf 'nodes:\n  node-a: %s\n  node-b: %s\n' "$(openssl rand -hex 16)" "$(openssl rand -hex 16)" > "$WORK/tokens.yaml"
 grep node-a "$WORK/tokens.yaml" | awk '{print $2}' > "$WORK/node-a.token"
@@ -103,22 +117,53 @@ done
 
 # --- server applications -------------------------------------------------------------------
 start_servers "$P-srv" srv
+NGINX_SRV=${PIDS[-2]}
+start_servers "$P-sdir" sdir
+NGINX_SDIR=${PIDS[-2]}
+# Two plain TCP relays per service (64 KiB buffers, as the proxies' copies), in a cgroup of
+# their own so that their CPU (every forked child included) is read from cpu.stat.
+relay() { # netns listen-addr listen-port target-addr target-port
+    in_pod "$CG_R" "$1" socat -b 65536 "TCP-LISTEN:$3,bind=$2,reuseaddr,fork,nodelay" "TCP:$4:$5,nodelay" &
+    PIDS+=($!)
+}
+relay "$P-dir" 127.0.0.1 18080 "$SDIR" 18081
+relay "$P-sdir" "$SDIR" 18081 127.0.0.1 8080
+relay "$P-dir" 127.0.0.1 15201 "$SDIR" 15202
+relay "$P-sdir" "$SDIR" 15202 127.0.0.1 5201
 sleep 1
+# nginx's one worker in each server pod: what one process in the path costs per request.
+NGINX_WORKER_SRV=$(pgrep -P "$NGINX_SRV")
+NGINX_WORKER_SDIR=$(pgrep -P "$NGINX_SDIR")
 
 TICK=$(getconf CLK_TCK)
 
-run_oha() { # ns keepalive(yes|no) file
+declare -A CLIENT=([direct]=$P-dir [relay]=$P-dir [mesh]=$P-cli)
+declare -A HTTP=([direct]=$SDIR:8080 [relay]=127.0.0.1:18080 [mesh]=$SRV:8080)
+declare -A IPERF=([direct]="$SDIR -p 5201" [relay]="127.0.0.1 -p 15201" [mesh]="$SRV -p 5201")
+declare -A NGINX_WORKER=([direct]=$NGINX_WORKER_SDIR [relay]=$NGINX_WORKER_SDIR [mesh]=$NGINX_WORKER_SRV)
+
+run_oha() { # path keepalive(yes|no) file
     local extra=()
     [ "$2" = no ] && extra=(--disable-keepalive)
-    client "$1" "$OHA" -z 15s -q 1000 -c 16 --latency-correction --no-tui --output-format json \
-        "${extra[@]}" "http://$SRV:8080/1k" > "$3"
+    client "${CLIENT[$1]}" "$OHA" -z 15s -q 1000 -c 16 --latency-correction --no-tui --output-format json \
+        "${extra[@]}" "http://${HTTP[$1]}/1k" > "$3"
+}
+
+# CPU of what is in the path besides the client and server, in microseconds: both proxies
+# (utime + stime) for the mesh, the relays' cgroup for relay, nothing for direct.
+path_cpu() { # path
+    case $1 in
+        mesh) echo $(( ($(cpu "$PROXY_A") + $(cpu "$PROXY_B")) * 1000000 / TICK )) ;;
+        relay) awk '$1 == "usage_usec" {print $2}' "$CG_R/cpu.stat" ;;
+        *) echo 0 ;;
+    esac
 }
 
 if [ -n "${PROFILE:-}" ]; then
     # Profile both proxies under keep-alive load through the mesh, then stop.
     perf record -F 999 -e cpu-clock -g -p "$PROXY_A,$PROXY_B" -o "$OUT/perf.data" -- sleep 12 2>/dev/null &
     perf_pid=$!
-    run_oha "$P-cli" "${PROFILE_KA:-yes}" "$OUT/oha-profile.json"
+    run_oha mesh "${PROFILE_KA:-yes}" "$OUT/oha-profile.json"
     wait "$perf_pid" || true
     perf report -i "$OUT/perf.data" --no-children --percent-limit 1.5 --stdio 2>/dev/null | grep -v '^$' | head -150 > "$OUT/perf.txt"
     echo "profile: $OUT/perf.txt"
@@ -126,19 +171,21 @@ if [ -n "${PROFILE:-}" ]; then
 fi
 
 for round in $(seq 1 "$ROUNDS"); do
-    for path in direct mesh; do
-        ns=$P-$([ $path = direct ] && echo dir || echo cli)
+    for path in direct relay mesh; do
         for ka in yes no; do
             [ "${ONLY:-}" = iperf ] && continue
-            a0=$(cpu "$PROXY_A"); b0=$(cpu "$PROXY_B")
-            run_oha "$ns" "$ka" "$OUT/oha-$path-ka$ka-$round.json"
-            a1=$(cpu "$PROXY_A"); b1=$(cpu "$PROXY_B")
-            echo "$(( (a1 - a0) + (b1 - b0) ))" > "$OUT/cpu-$path-ka$ka-$round.ticks"
+            [ "$path" = relay ] && [ "$ka" = no ] && continue
+            c0=$(path_cpu $path); n0=$(cpu "${NGINX_WORKER[$path]}")
+            run_oha "$path" "$ka" "$OUT/oha-$path-ka$ka-$round.json"
+            c1=$(path_cpu $path); n1=$(cpu "${NGINX_WORKER[$path]}")
+            echo "$(( c1 - c0 ))" > "$OUT/cpu-$path-ka$ka-$round.usec"
+            echo "$(( (n1 - n0) * 1000000 / TICK ))" > "$OUT/cpu-nginx-$path-ka$ka-$round.usec"
         done
-        a0=$(cpu "$PROXY_A"); b0=$(cpu "$PROXY_B")
-        client "$ns" iperf3 -c "$SRV" -p 5201 -t 10 -J > "$OUT/iperf-$path-$round.json"
-        a1=$(cpu "$PROXY_A"); b1=$(cpu "$PROXY_B")
-        echo "$(( (a1 - a0) + (b1 - b0) ))" > "$OUT/cpu-iperf-$path-$round.ticks"
+        c0=$(path_cpu $path)
+        # shellcheck disable=SC2086 # host and port are two words
+        client "${CLIENT[$path]}" iperf3 -c ${IPERF[$path]} -t 10 -J > "$OUT/iperf-$path-$round.json"
+        c1=$(path_cpu $path)
+        echo "$(( c1 - c0 ))" > "$OUT/cpu-iperf-$path-$round.usec"
     done
 done
 for node in A B; do
@@ -149,5 +196,5 @@ for node in A B; do
         "/proc/${!pid_var}/smaps" | sort -rn | head -15 > "$OUT/smaps-proxy-$node.txt"
 done
 
-[ "${ONLY:-}" = iperf ] && { cat "$OUT"/iperf-*.json | python3 -c "import json,sys; [print(json.loads(x)['end']['sum_received']['bits_per_second']/1e9) for x in sys.stdin.read().replace('}\n{','}\x00{').split('\x00')]"; exit 0; }
-{ echo "Redirection: $REDIRECT"; python3 "$ROOT/bench/mesh/summarize.py" "$OUT" "$ROUNDS" "$TICK"; } | tee "$OUT/summary.md"
+[ "${ONLY:-}" = iperf ] && { for f in "$OUT"/iperf-*.json; do printf "%s %.2f Gbit/s\n" "$(basename "$f" .json)" "$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['end']['sum_received']['bits_per_second']/1e9)" "$f")"; done; exit 0; }
+{ echo "Redirection: $REDIRECT"; python3 "$ROOT/bench/mesh/summarize.py" "$OUT" "$ROUNDS"; } | tee "$OUT/summary.md"

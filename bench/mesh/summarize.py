@@ -1,22 +1,25 @@
-"""Summarizes a bench/mesh/run.sh result directory: medians with min-max, ratios."""
+"""Summarizes a bench/mesh/run.sh result directory: medians with min-max, added latency,
+ratios, CPU per request and per GB, memory."""
 import json
 import pathlib
 import statistics
 import sys
 
 out = pathlib.Path(sys.argv[1])
-rounds = int(sys.argv[2])
-tick = int(sys.argv[3])
+rounds = range(1, int(sys.argv[2]) + 1)
+PATHS = ("direct", "relay", "mesh")
 
 
 def oha(path, ka, r):
-    d = json.loads((out / f"oha-{path}-ka{ka}-{r}.json").read_text())
+    f = out / f"oha-{path}-ka{ka}-{r}.json"
+    if not f.exists():
+        return None
+    d = json.loads(f.read_text())
     pct = d["latencyPercentiles"]
     return {
         "p50": pct["p50"] * 1000,
         "p90": pct["p90"] * 1000,
         "p99": pct["p99"] * 1000,
-        "rps": d["summary"]["requestsPerSec"],
         "ok": d["summary"]["successRate"],
         "n": sum(d.get("statusCodeDistribution", {}).values()),
     }
@@ -28,43 +31,67 @@ def iperf(path, r):
     return {"gbps": s["bits_per_second"] / 1e9, "bytes": s["bytes"]}
 
 
-def ticks(name):
-    return int((out / f"cpu-{name}.ticks").read_text()) / tick
+def seconds(name):
+    return int((out / f"cpu-{name}.usec").read_text()) / 1e6
 
 
-def fmt(xs, unit="", digits=3):
-    return f"{statistics.median(xs):.{digits}f}{unit} ({min(xs):.{digits}f}–{max(xs):.{digits}f})"
+def fmt(xs, digits=3):
+    if not xs:
+        return "–"
+    return f"{statistics.median(xs):.{digits}f} ({min(xs):.{digits}f}–{max(xs):.{digits}f})"
 
 
-print(f"# Mesh vs direct, {rounds} rounds (median, min–max)\n")
-print("| measurement | direct | through the mesh | added (median) |")
-print("|---|---|---|---|")
+def added(xs, base):
+    if not xs:
+        return "–"
+    return f"{statistics.median(xs) - statistics.median(base):+.3f}"
+
+
+def series(path, ka, q):
+    runs = [oha(path, ka, r) for r in rounds]
+    return [x[q] for x in runs if x is not None]
+
+
+def per_1000(path, ka, who=""):
+    xs = []
+    for r in rounds:
+        o = oha(path, ka, r)
+        if o is not None:
+            xs.append(seconds(f"{who}{path}-ka{ka}-{r}") / max(o["n"], 1) * 1000)
+    return xs
+
+
+print(f"# Direct, two plain relays, and the mesh: {len(rounds)} rounds (median, min–max)\n")
+print("| measurement | direct | two plain relays (socat) | through the mesh | added by the relays | added by the mesh |")
+print("|---|---|---|---|---|---|")
 for ka, label in (("yes", "keep-alive"), ("no", "new connection per request")):
     for q in ("p50", "p90", "p99"):
-        d = [oha("direct", ka, r)[q] for r in range(1, rounds + 1)]
-        m = [oha("mesh", ka, r)[q] for r in range(1, rounds + 1)]
-        print(f"| {label} {q} latency (ms) | {fmt(d)} | {fmt(m)} | {statistics.median(m) - statistics.median(d):+.3f} ms |")
-    d = [oha("direct", ka, r)["ok"] for r in range(1, rounds + 1)]
-    m = [oha("mesh", ka, r)["ok"] for r in range(1, rounds + 1)]
-    print(f"| {label} success rate | {fmt(d, '', 4)} | {fmt(m, '', 4)} | |")
-d = [iperf("direct", r)["gbps"] for r in range(1, rounds + 1)]
-m = [iperf("mesh", r)["gbps"] for r in range(1, rounds + 1)]
-print(f"| iperf3 single stream (Gbit/s) | {fmt(d, '', 2)} | {fmt(m, '', 2)} | ratio {statistics.median(m) / statistics.median(d):.2f} |")
+        d, r, m = (series(p, ka, q) for p in PATHS)
+        print(f"| {label} {q} latency (ms) | {fmt(d)} | {fmt(r)} | {fmt(m)} | {added(r, d)} ms | {added(m, d)} ms |")
+    d, r, m = (series(p, ka, "ok") for p in PATHS)
+    print(f"| {label} success rate | {fmt(d, 4)} | {fmt(r, 4)} | {fmt(m, 4)} | | |")
+d, r, m = ([iperf(p, x)["gbps"] for x in rounds] for p in PATHS)
+print(
+    f"| iperf3 single stream (Gbit/s) | {fmt(d, 2)} | {fmt(r, 2)} | {fmt(m, 2)} "
+    f"| ratio {statistics.median(r) / statistics.median(d):.2f} | ratio {statistics.median(m) / statistics.median(d):.2f} |"
+)
 
-print("\n## Proxy cost (both proxies together)\n")
-print("| measurement | median (min–max) |")
-print("|---|---|")
+print("\n## CPU of what is in the path (both proxies; both relays)\n")
+print("| measurement | two plain relays | the mesh's two proxies |")
+print("|---|---|---|")
 for ka, label in (("yes", "keep-alive"), ("no", "new connection per request")):
-    per_k = []
-    for r in range(1, rounds + 1):
-        n = oha("mesh", ka, r)["n"]
-        per_k.append(ticks(f"mesh-ka{ka}-{r}") / max(n, 1) * 1000)
-    print(f"| CPU-seconds per 1000 requests, {label} | {fmt(per_k, '', 4)} |")
-per_gb = []
-for r in range(1, rounds + 1):
-    gb = iperf("mesh", r)["bytes"] / 1e9
-    per_gb.append(ticks(f"iperf-mesh-{r}") / max(gb, 1e-9))
-print(f"| CPU-seconds per GB (iperf3) | {fmt(per_gb, '', 3)} |")
+    print(f"| CPU-seconds per 1000 requests, {label} | {fmt(per_1000('relay', ka), 4)} | {fmt(per_1000('mesh', ka), 4)} |")
+per_gb = {}
+for p in ("relay", "mesh"):
+    per_gb[p] = [seconds(f"iperf-{p}-{x}") / max(iperf(p, x)["bytes"] / 1e9, 1e-9) for x in rounds]
+print(f"| CPU-seconds per GB (iperf3) | {fmt(per_gb['relay'])} | {fmt(per_gb['mesh'])} |")
+print("\nFor scale, the server application (nginx's one worker), CPU-seconds per 1000 requests:\n")
+print("| measurement | direct | two plain relays | through the mesh |")
+print("|---|---|---|---|")
+for ka, label in (("yes", "keep-alive"), ("no", "new connection per request")):
+    print(f"| nginx, {label} | " + " | ".join(fmt(per_1000(p, ka, "nginx-"), 4) for p in PATHS) + " |")
+
+print("\n## Memory of each proxy at the end\n")
 for node in ("A", "B"):
     mem = dict(line.split(":") for line in (out / f"mem-proxy-{node}.txt").read_text().splitlines())
-    print(f"| proxy node-{node.lower()} VmRSS / VmHWM | {mem['VmRSS'].strip()} / {mem['VmHWM'].strip()} |")
+    print(f"- node-{node.lower()}: VmRSS {mem['VmRSS'].strip()}, VmHWM {mem['VmHWM'].strip()}")
