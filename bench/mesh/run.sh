@@ -160,10 +160,15 @@ path_cpu() { # path
 }
 
 if [ -n "${PROFILE:-}" ]; then
-    # Profile both proxies under keep-alive load through the mesh, then stop.
-    perf record -F 999 -e cpu-clock -g -p "$PROXY_A,$PROXY_B" -o "$OUT/perf.data" -- sleep 12 2>/dev/null &
+    # Profile both proxies under load through the mesh (PROFILE=iperf: one iperf3 stream;
+    # otherwise oha, keep-alive unless PROFILE_KA=no), then stop.
+    perf record -F 999 -e cpu-clock --call-graph "${CALL_GRAPH:-fp}" -p "$PROXY_A,$PROXY_B" -o "$OUT/perf.data" -- sleep 8 2>/dev/null &
     perf_pid=$!
-    run_oha mesh "${PROFILE_KA:-yes}" "$OUT/oha-profile.json"
+    if [ "$PROFILE" = iperf ]; then
+        client "$P-cli" iperf3 -c "$SRV" -p 5201 -t 10 -J > "$OUT/iperf-profile.json"
+    else
+        run_oha mesh "${PROFILE_KA:-yes}" "$OUT/oha-profile.json"
+    fi
     wait "$perf_pid" || true
     perf report -i "$OUT/perf.data" --no-children --percent-limit 1.5 --stdio 2>/dev/null | grep -v '^$' | head -150 > "$OUT/perf.txt"
     echo "profile: $OUT/perf.txt"

@@ -6,7 +6,7 @@
 use super::balance::Pick;
 use super::body::{self, Body};
 use super::detect::{Protocol, Rewind};
-use super::http_metrics::HttpLabels;
+use super::http_metrics::{HttpLabels, Routes};
 use super::tunnel::Tunnel;
 use super::{PodContext, ProxyError, Shared, ERROR_HEADER};
 use crate::discovery::Destination;
@@ -85,9 +85,26 @@ pub(super) async fn serve_outbound(
     shared: Shared,
 ) {
     let metrics = shared.metrics.clone();
+    let w = &pod.workload;
+    let routes = Arc::new(Routes::new(
+        shared.http.clone(),
+        HttpLabels {
+            direction: "outbound".into(),
+            namespace: w.namespace.clone(),
+            pod: w.name.clone(),
+            workload: w.workload.clone(),
+            client_id: String::new(),
+            server_id: String::new(),
+            tls: "no_identity".into(),
+            dst_service: String::new(),
+        },
+    ));
     let service = service_fn(move |req: Request<Incoming>| {
-        let (pod, shared) = (pod.clone(), shared.clone());
-        async move { Ok::<_, std::convert::Infallible>(outbound_request(req, dst, &pod, &shared).await) }
+        let (pod, shared, routes) = (pod.clone(), shared.clone(), routes.clone());
+        async move {
+            let resp = outbound_request(req, dst, &pod, &shared, &routes).await;
+            Ok::<_, std::convert::Infallible>(resp)
+        }
     });
     let io = TokioIo::new(io);
     let result = match proto {
@@ -164,39 +181,24 @@ async fn outbound_request(
     dst: SocketAddr,
     pod: &PodContext,
     shared: &Shared,
+    routes: &Routes,
 ) -> Response<Body> {
-    let w = &pod.workload;
-    let mut labels = HttpLabels {
-        direction: "outbound".into(),
-        namespace: w.namespace.clone(),
-        pod: w.name.clone(),
-        workload: w.workload.clone(),
-        client_id: String::new(),
-        server_id: String::new(),
-        tls: "no_identity".into(),
-        dst_service: String::new(),
-    };
     let start = Instant::now();
     let (cands, dst_service) = match candidates(dst, shared) {
         Ok(c) => c,
         Err(e) => {
-            shared.http.request(&labels);
-            return shared
-                .http
-                .response(labels, start.elapsed(), error_response(&e));
+            let route = routes.get("", None);
+            route.request();
+            return route.response(start.elapsed(), error_response(&e));
         }
     };
-    labels.dst_service = dst_service;
     let addrs: Vec<SocketAddr> = cands.iter().map(|c| c.addr).collect();
     let Some((i, pick)) = shared.balancer.pick(&addrs) else {
         return error_response(&ProxyError::Unavailable("no ready endpoints".into()));
     };
     let chosen = &cands[i];
-    if let Some(id) = &chosen.identity {
-        labels.server_id = id.to_string();
-        labels.tls = "true".into();
-    }
-    shared.http.request(&labels);
+    let route = routes.get(&dst_service, chosen.identity.as_ref());
+    route.request();
     let result = if super::upgrade::is_upgrade(&req) {
         super::upgrade::forward(req, chosen.addr, chosen.identity.clone(), pod, shared).await
     } else {
@@ -206,7 +208,7 @@ async fn outbound_request(
         }
     };
     let resp = finish(result, pick);
-    shared.http.response(labels, start.elapsed(), resp)
+    route.response(start.elapsed(), resp)
 }
 
 fn finish(result: Result<Response<Body>, ProxyError>, pick: Pick) -> Response<Body> {
@@ -373,25 +375,38 @@ async fn deliver(
     Ok(Response::from_parts(parts, body::incoming(b)))
 }
 
+/// The routes of one tunnel connection from `client_id`: its requests share their labels.
+pub(super) fn inbound_routes(
+    pod: &PodContext,
+    shared: &Shared,
+    client_id: &WorkloadIdentity,
+) -> Routes {
+    let w = &pod.workload;
+    Routes::new(
+        shared.http.clone(),
+        HttpLabels {
+            direction: "inbound".into(),
+            namespace: w.namespace.clone(),
+            pod: w.name.clone(),
+            workload: w.workload.clone(),
+            client_id: client_id.to_string(),
+            server_id: String::new(),
+            tls: "true".into(),
+            dst_service: String::new(),
+        },
+    )
+}
+
 /// Inbound: a request that came through the tunnel, for the application in this pod.
 pub(super) async fn inbound_request(
     req: Request<Incoming>,
     pod: &PodContext,
-    shared: &Shared,
     client_id: &WorkloadIdentity,
+    routes: &Routes,
 ) -> Response<Body> {
     let w = &pod.workload;
-    let labels = HttpLabels {
-        direction: "inbound".into(),
-        namespace: w.namespace.clone(),
-        pod: w.name.clone(),
-        workload: w.workload.clone(),
-        client_id: client_id.to_string(),
-        server_id: String::new(),
-        tls: "true".into(),
-        dst_service: String::new(),
-    };
-    shared.http.request(&labels);
+    let route = routes.get("", None);
+    route.request();
     let start = Instant::now();
     let target: Option<SocketAddr> = req
         .headers()
@@ -426,7 +441,7 @@ pub(super) async fn inbound_request(
         tracing::info!(error = %e, client = %client_id, "inbound request failed");
         error_response(&e)
     });
-    shared.http.response(labels, start.elapsed(), resp)
+    route.response(start.elapsed(), resp)
 }
 
 #[cfg(test)]

@@ -2,6 +2,7 @@
 //! classification (gRPC status included), latency.
 
 use super::body::{Body, BoxError};
+use ambit_api::WorkloadIdentity;
 use bytes::Bytes;
 use http_body::{Frame, SizeHint};
 use http_body_util::BodyExt;
@@ -11,6 +12,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use std::pin::Pin;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -108,23 +110,91 @@ impl HttpMetrics {
         }
     }
 
+    /// The handles of one label set, resolved now for every request that shares it.
+    pub fn route(&self, labels: HttpLabels) -> Route {
+        self.series.track(&labels.namespace, &labels.pod, &labels);
+        Route(Arc::new(RouteInner {
+            requests: self.requests.get_or_create(&labels).clone(),
+            latency: self.latency.get_or_create(&labels).clone(),
+            responses: Mutex::default(),
+            metrics: self.clone(),
+            labels,
+        }))
+    }
+}
+
+/// The routes of one connection: its requests share every label but the destination
+/// Service and the endpoint's identity, so each request finds its metric handles with a
+/// comparison or two instead of hashing eight strings into each family (BENCHMARKS.md).
+#[derive(Debug)]
+pub struct Routes {
+    metrics: HttpMetrics,
+    /// The connection's labels; `server_id` and `dst_service` empty.
+    base: HttpLabels,
+    seen: Mutex<Vec<(String, Option<WorkloadIdentity>, Route)>>,
+}
+
+/// Routes a connection keeps; beyond this (a client spraying many Services over one
+/// connection), requests resolve their handles each time.
+const MAX_ROUTES: usize = 16;
+
+impl Routes {
+    /// The routes of a connection whose requests carry `base`.
+    pub fn new(metrics: HttpMetrics, base: HttpLabels) -> Self {
+        Self {
+            metrics,
+            base,
+            seen: Mutex::default(),
+        }
+    }
+
+    /// The route to `dst_service` ("" when none) served by `server` (an mTLS peer).
+    pub fn get(&self, dst_service: &str, server: Option<&WorkloadIdentity>) -> Route {
+        let mut seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((_, _, r)) = seen
+            .iter()
+            .find(|(d, s, _)| d == dst_service && s.as_ref() == server)
+        {
+            return r.clone();
+        }
+        let mut labels = self.base.clone();
+        labels.dst_service = dst_service.to_string();
+        if let Some(id) = server {
+            labels.server_id = id.to_string();
+            labels.tls = "true".into();
+        }
+        let route = self.metrics.route(labels);
+        if seen.len() < MAX_ROUTES {
+            seen.push((dst_service.to_string(), server.cloned(), route.clone()));
+        }
+        route
+    }
+}
+
+/// The metric handles of one label set.
+#[derive(Clone, Debug)]
+pub struct Route(Arc<RouteInner>);
+
+#[derive(Debug)]
+struct RouteInner {
+    metrics: HttpMetrics,
+    labels: HttpLabels,
+    requests: Counter,
+    latency: Histogram,
+    /// Response counters by (status, gRPC status), as they appear.
+    responses: Mutex<Vec<(u16, Option<String>, Counter)>>,
+}
+
+impl Route {
     /// A request started.
-    pub fn request(&self, l: &HttpLabels) {
-        self.series.track(&l.namespace, &l.pod, l);
-        self.requests.get_or_create(l).inc();
+    pub fn request(&self) {
+        self.0.requests.inc();
     }
 
     /// Response headers arrived after `elapsed`; the body is wrapped so that the response
     /// is counted, with its gRPC status, when it ends.
-    pub fn response(
-        &self,
-        l: HttpLabels,
-        elapsed: Duration,
-        resp: http::Response<Body>,
-    ) -> http::Response<Body> {
-        self.latency
-            .get_or_create(&l)
-            .observe(elapsed.as_secs_f64() * 1000.0);
+    pub fn response(&self, elapsed: Duration, resp: http::Response<Body>) -> http::Response<Body> {
+        self.0.latency.observe(elapsed.as_secs_f64() * 1000.0);
         let status = resp.status();
         let grpc = resp
             .headers()
@@ -135,8 +205,7 @@ impl HttpMetrics {
         let observed = Observed {
             inner: body,
             finish: Some(Finish {
-                metrics: self.clone(),
-                labels: l,
+                route: self.clone(),
                 status,
                 grpc,
             }),
@@ -146,26 +215,39 @@ impl HttpMetrics {
 }
 
 struct Finish {
-    metrics: HttpMetrics,
-    labels: HttpLabels,
+    route: Route,
     status: http::StatusCode,
     grpc: Option<String>,
 }
 
 impl Finish {
     fn record(self) {
+        let r = &self.route.0;
+        let code = self.status.as_u16();
+        let mut responses = r.responses.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((_, _, c)) = responses
+            .iter()
+            .find(|(s, g, _)| *s == code && *g == self.grpc)
+        {
+            c.inc();
+            return;
+        }
         let failed =
             self.status.is_server_error() || self.grpc.as_deref().is_some_and(|g| g != "0");
         let labels = ResponseLabels {
-            base: self.labels,
-            status_code: self.status.as_u16().to_string(),
+            base: r.labels.clone(),
+            status_code: code.to_string(),
             classification: if failed { "failure" } else { "success" }.into(),
-            grpc_status: self.grpc.unwrap_or_default(),
+            grpc_status: self.grpc.clone().unwrap_or_default(),
         };
-        self.metrics
-            .response_series
+        let m = &r.metrics;
+        m.response_series
             .track(&labels.base.namespace, &labels.base.pod, &labels);
-        self.metrics.responses.get_or_create(&labels).inc();
+        let counter = m.responses.get_or_create(&labels).clone();
+        counter.inc();
+        if responses.len() < MAX_ROUTES {
+            responses.push((code, self.grpc, counter));
+        }
     }
 }
 
@@ -221,5 +303,116 @@ impl Drop for Observed {
         if let Some(f) = self.finish.take() {
             f.record();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn base() -> HttpLabels {
+        HttpLabels {
+            direction: "outbound".into(),
+            namespace: "shop".into(),
+            pod: "web-0".into(),
+            workload: "web".into(),
+            client_id: String::new(),
+            server_id: String::new(),
+            tls: "no_identity".into(),
+            dst_service: String::new(),
+        }
+    }
+
+    fn respond(route: &Route, status: u16, grpc: Option<&str>) {
+        let mut resp = http::Response::new(super::super::body::empty());
+        *resp.status_mut() = http::StatusCode::from_u16(status).unwrap();
+        if let Some(g) = grpc {
+            resp.headers_mut().insert("grpc-status", g.parse().unwrap());
+        }
+        // The response is counted when its body ends (here: is dropped).
+        drop(route.response(Duration::from_millis(3), resp));
+    }
+
+    fn text(r: &Registry) -> String {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, r).unwrap();
+        text
+    }
+
+    /// The value of the one line that starts with `metric{` and holds every label given.
+    fn value(text: &str, metric: &str, labels: &[&str]) -> Option<f64> {
+        let mut found = text.lines().filter(|l| {
+            l.starts_with(&format!("{metric}{{")) && labels.iter().all(|x| l.contains(x))
+        });
+        let line = found.next()?;
+        assert!(
+            found.next().is_none(),
+            "more than one series for {labels:?}:\n{text}"
+        );
+        line.rsplit(' ').next()?.parse().ok()
+    }
+
+    #[test]
+    fn a_connections_requests_share_series_by_destination_and_peer() {
+        let mut r = Registry::default();
+        let m = HttpMetrics::register(&mut r);
+        let routes = Routes::new(m.clone(), base());
+        let a = WorkloadIdentity::new("cluster.local", "shop", "api").unwrap();
+        let b = WorkloadIdentity::new("cluster.local", "shop", "api-canary").unwrap();
+        for (svc, peer, status, grpc) in [
+            ("api.shop", Some(&a), 200, None),
+            ("api.shop", Some(&a), 200, None),
+            ("api.shop", Some(&a), 503, None),
+            ("api.shop", Some(&b), 200, Some("14")),
+            ("", None, 200, None),
+        ] {
+            let route = routes.get(svc, peer);
+            route.request();
+            respond(&route, status, grpc);
+        }
+        let t = text(&r);
+        let to_a = [
+            "dst_service=\"api.shop\"",
+            "server_id=\"spiffe://cluster.local/ns/shop/sa/api\"",
+            "tls=\"true\"",
+        ];
+        assert_eq!(value(&t, "request_total", &to_a), Some(3.0), "{t}");
+        let ok_a = [
+            &to_a[..],
+            &["status_code=\"200\"", "classification=\"success\""],
+        ]
+        .concat();
+        assert_eq!(value(&t, "response_total", &ok_a), Some(2.0), "{t}");
+        let failed_a = [
+            &to_a[..],
+            &["status_code=\"503\"", "classification=\"failure\""],
+        ]
+        .concat();
+        assert_eq!(value(&t, "response_total", &failed_a), Some(1.0), "{t}");
+        assert_eq!(
+            value(&t, "response_latency_ms_count", &to_a),
+            Some(3.0),
+            "{t}"
+        );
+        // Another endpoint identity behind the same Service is its own series; a gRPC
+        // error status is a failure whatever the HTTP status.
+        let grpc_b = [
+            "sa/api-canary\"",
+            "grpc_status=\"14\"",
+            "classification=\"failure\"",
+        ];
+        assert_eq!(value(&t, "response_total", &grpc_b), Some(1.0), "{t}");
+        assert_eq!(
+            value(
+                &t,
+                "request_total",
+                &["dst_service=\"\"", "tls=\"no_identity\""]
+            ),
+            Some(1.0),
+            "{t}"
+        );
+        // A departed pod's series go, cached handles or not.
+        m.forget_pod("shop", "web-0");
+        assert!(!text(&r).contains("web-0"), "{}", text(&r));
     }
 }

@@ -105,13 +105,15 @@ async fn mesh_connection(
         .map_err(|e| ProxyError::Identity(e.to_string()))?;
     let service = {
         let (pod, shared, client_id) = (pod.clone(), shared.clone(), client_id.clone());
+        let routes = Arc::new(super::http::inbound_routes(&pod, &shared, &client_id));
         service_fn(move |req| {
             let (pod, shared, client_id) = (pod.clone(), shared.clone(), client_id.clone());
+            let routes = routes.clone();
             async move {
                 let resp = if req.method() == http::Method::CONNECT {
                     connect_stream(req, pod, shared, client_id).await
                 } else {
-                    super::http::inbound_request(req, &pod, &shared, &client_id).await
+                    super::http::inbound_request(req, &pod, &client_id, &routes).await
                 };
                 Ok::<_, std::convert::Infallible>(resp)
             }
