@@ -123,7 +123,7 @@ NGINX_SDIR=${PIDS[-2]}
 # Two plain TCP relays per service (64 KiB buffers, as the proxies' copies), in a cgroup of
 # their own so that their CPU (every forked child included) is read from cpu.stat.
 relay() { # netns listen-addr listen-port target-addr target-port
-    in_pod "$CG_R" "$1" socat -b 65536 "TCP-LISTEN:$3,bind=$2,reuseaddr,fork,nodelay" "TCP:$4:$5,nodelay" &
+    in_pod "$CG_R" "$1" socat -b 65536 "TCP-LISTEN:$3,bind=$2,reuseaddr,fork,nodelay" "TCP:$4:$5,nodelay" 2>>"$OUT/relay.log" &
     PIDS+=($!)
 }
 relay "$P-dir" 127.0.0.1 18080 "$SDIR" 18081
@@ -193,13 +193,19 @@ for round in $(seq 1 "$ROUNDS"); do
         echo "$(( c1 - c0 ))" > "$OUT/cpu-iperf-$path-$round.usec"
     done
 done
+# Each proxy's memory right after the last run, then at rest (after 12 s idle: the proxy
+# returns its free heap pages every 10 s), with where the resident memory is by mapping.
 for node in A B; do
     pid_var=PROXY_$node
-    grep -E 'VmRSS|VmHWM' "/proc/${!pid_var}/status" > "$OUT/mem-proxy-$node.txt"
-    # Where the resident memory is, mapping by mapping (for memory work).
+    grep -E 'VmRSS' "/proc/${!pid_var}/status" | sed 's/VmRSS/VmRSSBusy/' > "$OUT/mem-proxy-$node.txt"
+done
+sleep 12
+for node in A B; do
+    pid_var=PROXY_$node
+    grep -E 'VmRSS|VmHWM' "/proc/${!pid_var}/status" >> "$OUT/mem-proxy-$node.txt"
     awk '/^[0-9a-f]+-[0-9a-f]+ / {name=$6} /^Rss:/ {rss[name]+=$2} END {for (n in rss) print rss[n] " kB " (n == "" ? "[anon]" : n)}' \
         "/proc/${!pid_var}/smaps" | sort -rn | head -15 > "$OUT/smaps-proxy-$node.txt"
 done
 
-[ "${ONLY:-}" = iperf ] && { for f in "$OUT"/iperf-*.json; do printf "%s %.2f Gbit/s\n" "$(basename "$f" .json)" "$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['end']['sum_received']['bits_per_second']/1e9)" "$f")"; done; exit 0; }
+[ "${ONLY:-}" = iperf ] && { cat "$OUT"/mem-proxy-*.txt; for f in "$OUT"/iperf-*.json; do printf "%s %.2f Gbit/s\n" "$(basename "$f" .json)" "$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['end']['sum_received']['bits_per_second']/1e9)" "$f")"; done; exit 0; }
 { echo "Redirection: $REDIRECT"; python3 "$ROOT/bench/mesh/summarize.py" "$OUT" "$ROUNDS"; } | tee "$OUT/summary.md"

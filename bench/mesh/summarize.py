@@ -91,7 +91,10 @@ print("|---|---|---|---|")
 for ka, label in (("yes", "keep-alive"), ("no", "new connection per request")):
     print(f"| nginx, {label} | " + " | ".join(fmt(per_1000(p, ka, "nginx-"), 4) for p in PATHS) + " |")
 
-print("\n## Memory of each proxy at the end\n")
+print("\n## Memory of each proxy: right after the last run, at rest 12 s later, peak\n")
 for node in ("A", "B"):
     mem = dict(line.split(":") for line in (out / f"mem-proxy-{node}.txt").read_text().splitlines())
-    print(f"- node-{node.lower()}: VmRSS {mem['VmRSS'].strip()}, VmHWM {mem['VmHWM'].strip()}")
+    print(
+        f"- node-{node.lower()}: VmRSS {mem['VmRSSBusy'].strip()} after the run, "
+        f"{mem['VmRSS'].strip()} at rest; VmHWM {mem['VmHWM'].strip()}"
+    )
