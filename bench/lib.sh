@@ -8,6 +8,7 @@ prepare() {
     need nginx "apt-get install nginx-light"
     need iperf3 "apt-get install iperf3"
     need nft "apt-get install nftables"
+    need socat "apt-get install socat"
     need "$OHA" "cargo install oha --locked"
     cargo build --release -q -p ambit-control -p ambit-proxy -p ambit-cli
     BIN=$PWD/target/release
