@@ -282,7 +282,8 @@ async fn via_mesh(
         .send(
             &tunnel,
             Request::from_parts(parts, body::incoming(body)),
-            &format!("request through the tunnel to {target}"),
+            "request through the tunnel to",
+            &target,
         )
         .await?;
     let (mut parts, b) = resp.into_parts();

@@ -73,14 +73,15 @@ impl TunnelPool {
     /// Sends `req` through the tunnel. A pooled connection that turns out to be dead
     /// before the request left (the peer proxy restarted, the pod behind the address
     /// was replaced) is dropped, and the request goes once more on a new connection.
-    /// `context` names the request in errors.
+    /// `what` and `to` name the request in errors (formatted only when one happens).
     pub(super) async fn send(
         &self,
         t: &Tunnel<'_>,
         req: http::Request<Body>,
-        context: &str,
+        what: &'static str,
+        to: &(dyn std::fmt::Display + Sync),
     ) -> Result<http::Response<hyper::body::Incoming>, ProxyError> {
-        let failed = |e: hyper::Error| ProxyError::Upstream(format!("{context}: {e}"));
+        let failed = |e: hyper::Error| ProxyError::Upstream(format!("{what} {to}: {e}"));
         let (mut sender, pooled) = self.sender_pooled(t).await?;
         match sender.try_send_request(req).await {
             Ok(resp) => Ok(resp),
@@ -108,9 +109,7 @@ impl TunnelPool {
             .uri(target.to_string())
             .body(body::empty())
             .map_err(|e| ProxyError::Internal(e.to_string()))?;
-        let resp = self
-            .send(t, req, &format!("tunnel request to {}", t.peer))
-            .await?;
+        let resp = self.send(t, req, "tunnel request to", &t.peer).await?;
         if resp.status() != http::StatusCode::OK {
             let cause = resp
                 .headers()
