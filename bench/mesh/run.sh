@@ -114,6 +114,9 @@ for port in 14191 14192; do
 done
 
 # Each proxy redirects its meshed pods ($REDIRECT).
+# Peak memory of start-up alone, before any traffic.
+grep VmHWM "/proc/$PROXY_A/status" | sed 's/VmHWM/VmHWMStart/' > "$OUT/mem-start-proxy-A.txt"
+grep VmHWM "/proc/$PROXY_B/status" | sed 's/VmHWM/VmHWMStart/' > "$OUT/mem-start-proxy-B.txt"
 
 # --- server applications -------------------------------------------------------------------
 start_servers "$P-srv" srv
@@ -207,5 +210,5 @@ for node in A B; do
         "/proc/${!pid_var}/smaps" | sort -rn | head -15 > "$OUT/smaps-proxy-$node.txt"
 done
 
-[ "${ONLY:-}" = iperf ] && { cat "$OUT"/mem-proxy-*.txt; for f in "$OUT"/iperf-*.json; do printf "%s %.2f Gbit/s\n" "$(basename "$f" .json)" "$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['end']['sum_received']['bits_per_second']/1e9)" "$f")"; done; exit 0; }
+[ "${ONLY:-}" = iperf ] && { cat "$OUT"/mem-start-proxy-*.txt "$OUT"/mem-proxy-*.txt; for f in "$OUT"/iperf-*.json; do printf "%s %.2f Gbit/s\n" "$(basename "$f" .json)" "$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['end']['sum_received']['bits_per_second']/1e9)" "$f")"; done; exit 0; }
 { echo "Redirection: $REDIRECT"; python3 "$ROOT/bench/mesh/summarize.py" "$OUT" "$ROUNDS"; } | tee "$OUT/summary.md"

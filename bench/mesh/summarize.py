@@ -94,7 +94,11 @@ for ka, label in (("yes", "keep-alive"), ("no", "new connection per request")):
 print("\n## Memory of each proxy: right after the last run, at rest 12 s later, peak\n")
 for node in ("A", "B"):
     mem = dict(line.split(":") for line in (out / f"mem-proxy-{node}.txt").read_text().splitlines())
+    start = out / f"mem-start-proxy-{node}.txt"
+    if start.exists():
+        mem.update(line.split(":") for line in start.read_text().splitlines())
     print(
         f"- node-{node.lower()}: VmRSS {mem['VmRSSBusy'].strip()} after the run, "
-        f"{mem['VmRSS'].strip()} at rest; VmHWM {mem['VmHWM'].strip()}"
+        f"{mem['VmRSS'].strip()} at rest; VmHWM {mem['VmHWM'].strip()} "
+        f"(start-up alone reached {mem.get("VmHWMStart", "?").strip()})"
     )
