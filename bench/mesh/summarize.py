@@ -100,5 +100,5 @@ for node in ("A", "B"):
     print(
         f"- node-{node.lower()}: VmRSS {mem['VmRSSBusy'].strip()} after the run, "
         f"{mem['VmRSS'].strip()} at rest; VmHWM {mem['VmHWM'].strip()} "
-        f"(start-up alone reached {mem.get("VmHWMStart", "?").strip()})"
+        f"(start-up alone reached {mem.get('VmHWMStart', '?').strip()})"
     )
