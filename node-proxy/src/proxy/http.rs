@@ -85,20 +85,8 @@ pub(super) async fn serve_outbound(
     shared: Shared,
 ) {
     let metrics = shared.metrics.clone();
-    let w = &pod.workload;
-    let routes = Arc::new(Routes::new(
-        shared.http.clone(),
-        HttpLabels {
-            direction: "outbound".into(),
-            namespace: w.namespace.clone(),
-            pod: w.name.clone(),
-            workload: w.workload.clone(),
-            client_id: String::new(),
-            server_id: String::new(),
-            tls: "no_identity".into(),
-            dst_service: String::new(),
-        },
-    ));
+    let labels = HttpLabels::connection("outbound", &pod.workload, String::new(), "no_identity");
+    let routes = Arc::new(Routes::new(shared.http.clone(), labels));
     let service = service_fn(move |req: Request<Incoming>| {
         let (pod, shared, routes) = (pod.clone(), shared.clone(), routes.clone());
         async move {
@@ -374,28 +362,6 @@ async fn deliver(
     let (mut parts, b) = resp.into_parts();
     strip_hop_by_hop(&mut parts.headers);
     Ok(Response::from_parts(parts, body::incoming(b)))
-}
-
-/// The routes of one tunnel connection from `client_id`: its requests share their labels.
-pub(super) fn inbound_routes(
-    pod: &PodContext,
-    shared: &Shared,
-    client_id: &WorkloadIdentity,
-) -> Routes {
-    let w = &pod.workload;
-    Routes::new(
-        shared.http.clone(),
-        HttpLabels {
-            direction: "inbound".into(),
-            namespace: w.namespace.clone(),
-            pod: w.name.clone(),
-            workload: w.workload.clone(),
-            client_id: client_id.to_string(),
-            server_id: String::new(),
-            tls: "true".into(),
-            dst_service: String::new(),
-        },
-    )
 }
 
 /// Inbound: a request that came through the tunnel, for the application in this pod.

@@ -43,6 +43,28 @@ pub struct HttpLabels {
     pub dst_service: String,
 }
 
+impl HttpLabels {
+    /// What every request on a connection of pod `w` shares; a route fills in the
+    /// destination Service and the server's identity.
+    pub fn connection(
+        direction: &str,
+        w: &crate::discovery::Workload,
+        client_id: String,
+        tls: &str,
+    ) -> Self {
+        Self {
+            direction: direction.into(),
+            namespace: w.namespace.clone(),
+            pod: w.name.clone(),
+            workload: w.workload.clone(),
+            client_id,
+            server_id: String::new(),
+            tls: tls.into(),
+            dst_service: String::new(),
+        }
+    }
+}
+
 /// Labels of a response.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResponseLabels {

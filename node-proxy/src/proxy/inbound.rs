@@ -1,6 +1,7 @@
 //! Inbound: the mesh tunnel (4143, mTLS + HTTP/2 CONNECT) and plaintext capture (4144).
 
 use super::body::{self, Body};
+use super::http_metrics::{HttpLabels, Routes};
 use super::{
     relay, serve_each, PodContext, ProxyError, Shared, TcpLabels, ERROR_HEADER, PROXY_MARK,
 };
@@ -105,7 +106,9 @@ async fn mesh_connection(
         .map_err(|e| ProxyError::Identity(e.to_string()))?;
     let service = {
         let (pod, shared, client_id) = (pod.clone(), shared.clone(), client_id.clone());
-        let routes = Arc::new(super::http::inbound_routes(&pod, &shared, &client_id));
+        let labels =
+            HttpLabels::connection("inbound", &pod.workload, client_id.to_string(), "true");
+        let routes = Arc::new(Routes::new(shared.http.clone(), labels));
         service_fn(move |req| {
             let (pod, shared, client_id) = (pod.clone(), shared.clone(), client_id.clone());
             let routes = routes.clone();
