@@ -6,7 +6,8 @@
 use super::balance::Pick;
 use super::body::{self, Body};
 use super::detect::{Protocol, Rewind};
-use super::http_metrics::{HttpLabels, Routes};
+use super::http_metrics::Routes;
+use super::metrics::TrafficLabels;
 use super::tunnel::Tunnel;
 use super::{PodContext, ProxyError, Shared, ERROR_HEADER};
 use crate::discovery::Destination;
@@ -85,7 +86,7 @@ pub(super) async fn serve_outbound(
     shared: Shared,
 ) {
     let metrics = shared.metrics.clone();
-    let labels = HttpLabels::connection("outbound", &pod.workload, String::new(), "no_identity");
+    let labels = TrafficLabels::outbound(&pod.workload, String::new(), String::new());
     let routes = Arc::new(Routes::new(shared.http.clone(), labels));
     let service = service_fn(move |req: Request<Incoming>| {
         let (pod, shared, routes) = (pod.clone(), shared.clone(), routes.clone());
@@ -238,10 +239,7 @@ async fn via_mesh(
     pod: &PodContext,
     shared: &Shared,
 ) -> Result<Response<Body>, ProxyError> {
-    let w = &pod.workload;
-    let cert = shared.identities.current(&w.identity).ok_or_else(|| {
-        ProxyError::Identity(format!("no valid certificate for {} yet", w.identity))
-    })?;
+    let tunnel = Tunnel::from_pod(pod, shared, target.ip(), expected)?;
     let authority = authority(&req, target);
     let orig_http1 = req.version() != Version::HTTP_2;
     let (mut parts, body) = req.into_parts();
@@ -258,13 +256,6 @@ async fn via_mesh(
     if orig_http1 {
         insert(&mut parts.headers, ORIG_PROTO_HEADER, "HTTP/1.1");
     }
-    let tunnel = Tunnel {
-        netns: &pod.netns,
-        source: (&w.identity, cert.certified_key()),
-        expected,
-        peer: target.ip(),
-        bundle: &shared.bundle,
-    };
     let resp = shared
         .pool
         .send(

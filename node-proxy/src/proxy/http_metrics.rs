@@ -2,6 +2,7 @@
 //! classification (gRPC status included), latency.
 
 use super::body::{Body, BoxError};
+use super::metrics::TrafficLabels;
 use ambit_api::WorkloadIdentity;
 use bytes::Bytes;
 use http_body::{Frame, SizeHint};
@@ -22,60 +23,17 @@ const BUCKETS_MS: [f64; 25] = [
     1000.0, 2000.0, 3000.0, 4000.0, 5000.0, 10000.0, 20000.0, 30000.0, 40000.0, 50000.0,
 ];
 
-/// Labels of a request.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct HttpLabels {
-    /// `inbound` or `outbound`.
-    pub direction: String,
-    /// The local pod's namespace.
-    pub namespace: String,
-    /// The local pod.
-    pub pod: String,
-    /// The local pod's workload.
-    pub workload: String,
-    /// Inbound: the client's proven identity ("" without mTLS).
-    pub client_id: String,
-    /// Outbound: the server's proven identity ("" without mTLS).
-    pub server_id: String,
-    /// `true` or `no_identity`.
-    pub tls: String,
-    /// The destination Service as `<name>.<namespace>`, when the request went to one.
-    pub dst_service: String,
-}
-
-impl HttpLabels {
-    /// What every request on a connection of pod `w` shares; a route fills in the
-    /// destination Service and the server's identity.
-    pub fn connection(
-        direction: &str,
-        w: &crate::discovery::Workload,
-        client_id: String,
-        tls: &str,
-    ) -> Self {
-        Self {
-            direction: direction.into(),
-            namespace: w.namespace.clone(),
-            pod: w.name.clone(),
-            workload: w.workload.clone(),
-            client_id,
-            server_id: String::new(),
-            tls: tls.into(),
-            dst_service: String::new(),
-        }
-    }
-}
-
 /// Labels of a response.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResponseLabels {
     #[prometheus(flatten)]
-    base: HttpLabels,
+    base: TrafficLabels,
     status_code: String,
     classification: String,
     grpc_status: String,
 }
 
-type LatencyFamily = Family<HttpLabels, Histogram, fn() -> Histogram>;
+type LatencyFamily = Family<TrafficLabels, Histogram, fn() -> Histogram>;
 
 fn latency_histogram() -> Histogram {
     Histogram::new(BUCKETS_MS)
@@ -84,9 +42,9 @@ fn latency_histogram() -> Histogram {
 /// HTTP metrics.
 #[derive(Clone, Debug)]
 pub struct HttpMetrics {
-    series: super::metrics::SeriesTracker<HttpLabels>,
+    series: super::metrics::SeriesTracker<TrafficLabels>,
     response_series: super::metrics::SeriesTracker<ResponseLabels>,
-    requests: Family<HttpLabels, Counter>,
+    requests: Family<TrafficLabels, Counter>,
     responses: Family<ResponseLabels, Counter>,
     latency: LatencyFamily,
 }
@@ -133,7 +91,7 @@ impl HttpMetrics {
     }
 
     /// The handles of one label set, resolved now for every request that shares it.
-    pub fn route(&self, labels: HttpLabels) -> Route {
+    pub fn route(&self, labels: TrafficLabels) -> Route {
         self.series.track(&labels.namespace, &labels.pod, &labels);
         Route(Arc::new(RouteInner {
             requests: self.requests.get_or_create(&labels).clone(),
@@ -152,7 +110,7 @@ impl HttpMetrics {
 pub struct Routes {
     metrics: HttpMetrics,
     /// The connection's labels; `server_id` and `dst_service` empty.
-    base: HttpLabels,
+    base: TrafficLabels,
     seen: Mutex<Vec<(String, Option<WorkloadIdentity>, Route)>>,
 }
 
@@ -162,7 +120,7 @@ const MAX_ROUTES: usize = 16;
 
 impl Routes {
     /// The routes of a connection whose requests carry `base`.
-    pub fn new(metrics: HttpMetrics, base: HttpLabels) -> Self {
+    pub fn new(metrics: HttpMetrics, base: TrafficLabels) -> Self {
         Self {
             metrics,
             base,
@@ -200,7 +158,7 @@ pub struct Route(Arc<RouteInner>);
 #[derive(Debug)]
 struct RouteInner {
     metrics: HttpMetrics,
-    labels: HttpLabels,
+    labels: TrafficLabels,
     requests: Counter,
     latency: Histogram,
     /// Response counters by (status, gRPC status), as they appear.
@@ -332,8 +290,8 @@ impl Drop for Observed {
 mod tests {
     use super::*;
 
-    fn base() -> HttpLabels {
-        HttpLabels {
+    fn base() -> TrafficLabels {
+        TrafficLabels {
             direction: "outbound".into(),
             namespace: "shop".into(),
             pod: "web-0".into(),

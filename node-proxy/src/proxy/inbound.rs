@@ -1,9 +1,9 @@
 //! Inbound: the mesh tunnel (4143, mTLS + HTTP/2 CONNECT) and plaintext capture (4144).
 
 use super::body::{self, Body};
-use super::http_metrics::{HttpLabels, Routes};
+use super::http_metrics::Routes;
 use super::{
-    relay, serve_each, PodContext, ProxyError, Shared, TcpLabels, ERROR_HEADER, PROXY_MARK,
+    relay, serve_each, PodContext, ProxyError, Shared, TrafficLabels, ERROR_HEADER, PROXY_MARK,
 };
 use crate::tls::svid_identity;
 use ambit_api::WorkloadIdentity;
@@ -106,8 +106,7 @@ async fn mesh_connection(
         .map_err(|e| ProxyError::Identity(e.to_string()))?;
     let service = {
         let (pod, shared, client_id) = (pod.clone(), shared.clone(), client_id.clone());
-        let labels =
-            HttpLabels::connection("inbound", &pod.workload, client_id.to_string(), "true");
+        let labels = TrafficLabels::inbound(&pod.workload, client_id.to_string());
         let routes = Arc::new(Routes::new(shared.http.clone(), labels));
         service_fn(move |req| {
             let (pod, shared, client_id) = (pod.clone(), shared.clone(), client_id.clone());
@@ -192,7 +191,7 @@ async fn connect_stream(
         }
     };
     let w = &pod.workload;
-    let labels = TcpLabels::inbound(w, client_id.to_string());
+    let labels = TrafficLabels::inbound(w, client_id.to_string());
     tokio::spawn(async move {
         match hyper::upgrade::on(req).await {
             Ok(upgraded) => {
@@ -245,7 +244,7 @@ async fn plain_connection(
         .await
         .map_err(|e| ProxyError::Upstream(format!("connecting to {target} in the pod: {e}")))?;
     let w = &pod.workload;
-    let labels = TcpLabels::inbound(w, String::new());
+    let labels = TrafficLabels::inbound(w, String::new());
     shared.metrics.opened(&labels);
     let (read, written) = relay(&mut client, &mut server).await;
     shared.metrics.closed(&labels, read, written);

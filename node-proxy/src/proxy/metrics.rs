@@ -9,9 +9,10 @@ use std::collections::{HashMap, HashSet};
 use std::hash::Hash;
 use std::sync::{Arc, Mutex, PoisonError};
 
-/// Labels of a proxied TCP connection.
+/// Labels of proxied traffic: a TCP connection's, and (with Linkerd) a request's, whose
+/// responses add their status.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct TcpLabels {
+pub struct TrafficLabels {
     /// `inbound` or `outbound`.
     pub direction: String,
     /// The local pod's namespace.
@@ -30,7 +31,7 @@ pub struct TcpLabels {
     pub tls: String,
 }
 
-impl TcpLabels {
+impl TrafficLabels {
     /// An inbound connection to `w` from `client_id` ("" without mTLS).
     pub fn inbound(w: &crate::discovery::Workload, client_id: String) -> Self {
         let tls = if client_id.is_empty() {
@@ -128,12 +129,12 @@ impl<L: Clone + Eq + Hash> SeriesTracker<L> {
 /// TCP golden metrics.
 #[derive(Clone, Debug, Default)]
 pub struct TcpMetrics {
-    series: SeriesTracker<TcpLabels>,
-    open_total: Family<TcpLabels, Counter>,
-    close_total: Family<TcpLabels, Counter>,
-    open_connections: Family<TcpLabels, Gauge>,
-    read_bytes: Family<TcpLabels, Counter>,
-    write_bytes: Family<TcpLabels, Counter>,
+    series: SeriesTracker<TrafficLabels>,
+    open_total: Family<TrafficLabels, Counter>,
+    close_total: Family<TrafficLabels, Counter>,
+    open_connections: Family<TrafficLabels, Gauge>,
+    read_bytes: Family<TrafficLabels, Counter>,
+    write_bytes: Family<TrafficLabels, Counter>,
     errors: Family<ErrorLabels, Counter>,
 }
 
@@ -178,14 +179,14 @@ impl TcpMetrics {
     }
 
     /// A connection opened.
-    pub fn opened(&self, l: &TcpLabels) {
+    pub fn opened(&self, l: &TrafficLabels) {
         self.series.track(&l.namespace, &l.pod, l);
         self.open_total.get_or_create(l).inc();
         self.open_connections.get_or_create(l).inc();
     }
 
     /// A connection closed after moving `read` and `written` bytes.
-    pub fn closed(&self, l: &TcpLabels, read: u64, written: u64) {
+    pub fn closed(&self, l: &TrafficLabels, read: u64, written: u64) {
         self.close_total.get_or_create(l).inc();
         self.open_connections.get_or_create(l).dec();
         self.read_bytes.get_or_create(l).inc_by(read);
@@ -211,7 +212,7 @@ mod tests {
     fn a_departed_pods_series_are_dropped() {
         let mut r = Registry::default();
         let m = TcpMetrics::register(&mut r);
-        let l = |pod: &str| TcpLabels {
+        let l = |pod: &str| TrafficLabels {
             direction: "inbound".into(),
             namespace: "shop".into(),
             pod: pod.into(),

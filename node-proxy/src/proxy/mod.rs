@@ -26,8 +26,8 @@ mod upgrade;
 
 pub use balance::Balancer;
 pub use detect::{classify, Protocol};
-pub use http_metrics::{HttpLabels, HttpMetrics};
-pub use metrics::{TcpLabels, TcpMetrics};
+pub use http_metrics::HttpMetrics;
+pub use metrics::{TcpMetrics, TrafficLabels};
 pub use redirect::{Redirect, Redirector};
 pub use tunnel::TunnelPool;
 

@@ -4,7 +4,7 @@
 use super::balance::Pick;
 use super::detect::{detect, Protocol};
 use super::tunnel::Tunnel;
-use super::{relay, serve_each, PodContext, ProxyError, Shared, TcpLabels, PROXY_MARK};
+use super::{relay, serve_each, PodContext, ProxyError, Shared, TrafficLabels, PROXY_MARK};
 use crate::discovery::{Destination, DiscoveryState};
 use ambit_api::ports::{PortSet, DEFAULT_OPAQUE_PORTS};
 use ambit_api::WorkloadIdentity;
@@ -143,7 +143,7 @@ async fn proxy(
     }
     let w = &pod.workload;
     let (route, pick, dst_service) = route(dst, shared)?;
-    let labels = |server_id: String| TcpLabels::outbound(w, server_id, dst_service.clone());
+    let labels = |server_id: String| TrafficLabels::outbound(w, server_id, dst_service.clone());
     match route {
         Route::Direct(target) => {
             let connected = pod.netns.connect(target, PROXY_MARK).await;
@@ -167,18 +167,7 @@ async fn proxy(
             target,
             expected,
         } => {
-            // Fail closed: without our own certificate there is no connection, never a
-            // plaintext one.
-            let cert = shared.identities.current(&w.identity).ok_or_else(|| {
-                ProxyError::Identity(format!("no valid certificate for {} yet", w.identity))
-            })?;
-            let tunnel = Tunnel {
-                netns: &pod.netns,
-                source: (&w.identity, cert.certified_key()),
-                expected: expected.clone(),
-                peer,
-                bundle: &shared.bundle,
-            };
+            let tunnel = Tunnel::from_pod(pod, shared, peer, expected.clone())?;
             let upgraded = match (shared.pool.open(&tunnel, target).await, pick) {
                 (Ok(u), p) => {
                     settle(p, true);

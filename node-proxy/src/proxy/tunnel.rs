@@ -4,7 +4,7 @@
 //! costs one stream, not a TCP and TLS handshake.
 
 use super::body::{self, Body};
-use super::{ProxyError, MESH_PORT, PROXY_MARK};
+use super::{PodContext, ProxyError, Shared, MESH_PORT, PROXY_MARK};
 use crate::netns::Netns;
 use crate::tls::{self, TrustBundle};
 use ambit_api::WorkloadIdentity;
@@ -43,6 +43,30 @@ pub(super) struct Tunnel<'a> {
     pub peer: IpAddr,
     /// Trust anchors.
     pub bundle: &'a TrustBundle,
+}
+
+impl<'a> Tunnel<'a> {
+    /// A tunnel from `pod` to the proxy at `peer`, which must prove `expected`. Fails
+    /// closed: without the pod's own current certificate there is no tunnel, and never
+    /// a plaintext fallback.
+    pub(super) fn from_pod(
+        pod: &'a PodContext,
+        shared: &'a Shared,
+        peer: IpAddr,
+        expected: WorkloadIdentity,
+    ) -> Result<Self, ProxyError> {
+        let w = &pod.workload;
+        let cert = shared.identities.current(&w.identity).ok_or_else(|| {
+            ProxyError::Identity(format!("no valid certificate for {} yet", w.identity))
+        })?;
+        Ok(Self {
+            netns: &pod.netns,
+            source: (&w.identity, cert.certified_key()),
+            expected,
+            peer,
+            bundle: &shared.bundle,
+        })
+    }
 }
 
 impl TunnelPool {

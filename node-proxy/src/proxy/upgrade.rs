@@ -107,17 +107,7 @@ pub(super) async fn forward(
     let head = head_bytes(&req);
     let mut upstream: Box<dyn Io> = match identity {
         Some(expected) => {
-            let w = &pod.workload;
-            let cert = shared.identities.current(&w.identity).ok_or_else(|| {
-                ProxyError::Identity(format!("no valid certificate for {} yet", w.identity))
-            })?;
-            let tunnel = Tunnel {
-                netns: &pod.netns,
-                source: (&w.identity, cert.certified_key()),
-                expected,
-                peer: target.ip(),
-                bundle: &shared.bundle,
-            };
+            let tunnel = Tunnel::from_pod(pod, shared, target.ip(), expected)?;
             Box::new(TokioIo::new(shared.pool.open(&tunnel, target).await?))
         }
         None => Box::new(
