@@ -54,9 +54,8 @@ const RETURN_FREE_HEAP: std::time::Duration = std::time::Duration::from_secs(10)
 
 /// Gives the heap's free pages back to the system now and then (`malloc_trim(0)`, as
 /// tcmalloc's background release does): the buffers of a finished stream are freed into
-/// the middle of the heap, which glibc only trims at its top. A trim of this small heap
-/// takes microseconds; it took the resident heap after an iperf3 stream from ~2.0 MB to
-/// ~0.8 MB (BENCHMARKS.md, memory).
+/// the middle of the heap, which glibc only trims at its top. Trimmed by hand after an
+/// iperf3 stream, the resident heap went from ~2.0 MB to ~0.8 MB (BENCHMARKS.md, memory).
 async fn return_free_heap() {
     let mut every = tokio::time::interval(RETURN_FREE_HEAP);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
