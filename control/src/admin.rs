@@ -1,22 +1,22 @@
 //! The admin server (:9990): `/metrics`, `/ready`, `/live`.
 
+use crate::ready::Readiness;
 use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
 use prometheus_client::registry::Registry;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 #[derive(Clone)]
 struct AdminState {
     registry: Arc<Registry>,
-    ready: Arc<AtomicBool>,
+    ready: Readiness,
 }
 
-/// The admin routes. `ready` flips to true once every service is serving.
-pub fn router(registry: Arc<Registry>, ready: Arc<AtomicBool>) -> Router {
+/// The admin routes. `/ready` answers 200 once nothing in `ready` is pending.
+pub fn router(registry: Arc<Registry>, ready: Readiness) -> Router {
     Router::new()
         .route("/metrics", get(metrics))
         .route("/ready", get(ready_handler))
@@ -45,9 +45,11 @@ async fn metrics(State(s): State<AdminState>) -> impl IntoResponse {
 }
 
 async fn ready_handler(State(s): State<AdminState>) -> impl IntoResponse {
-    if s.ready.load(Ordering::Acquire) {
-        (StatusCode::OK, "ready\n")
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
+    match s.ready.check() {
+        Ok(()) => (StatusCode::OK, "ready\n".to_string()),
+        Err(pending) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready; waiting for: {}\n", pending.join(", ")),
+        ),
     }
 }

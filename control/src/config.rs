@@ -41,6 +41,14 @@ pub mod env {
     pub const CONTROL_NAMESPACE: &str = "AMBIT_CONTROL_NAMESPACE";
     /// ServiceAccount of the control plane (its own identity).
     pub const CONTROL_SERVICE_ACCOUNT: &str = "AMBIT_CONTROL_SERVICE_ACCOUNT";
+    /// kubeconfig file (Kubernetes backend, outside a cluster), as kubectl reads it.
+    pub const KUBECONFIG: &str = "KUBECONFIG";
+    /// The audience node proxies' tokens must be issued for.
+    pub const TOKEN_AUDIENCE: &str = "AMBIT_TOKEN_AUDIENCE";
+    /// `<namespace>/<name>` of the node proxies' ServiceAccount.
+    pub const PROXY_SERVICE_ACCOUNT: &str = "AMBIT_PROXY_SERVICE_ACCOUNT";
+    /// How long a TokenReview's answer is reused.
+    pub const TOKEN_REVIEW_CACHE_TTL: &str = "AMBIT_TOKEN_REVIEW_CACHE_TTL";
 }
 
 /// Shortest workload certificate lifetime accepted.
@@ -52,6 +60,8 @@ pub const MIN_CERT_LIFETIME: Duration = Duration::from_secs(60);
 pub enum Backend {
     /// Kubernetes objects as YAML files in a directory (`--local-dir`).
     Local,
+    /// The Kubernetes API server (in-cluster config, or `--kubeconfig`).
+    Kube,
 }
 
 /// `ambit-control` configuration.
@@ -95,6 +105,23 @@ pub struct Config {
     /// YAML file of node credentials, `nodes: {<node>: <token>}` (local backend).
     #[arg(long, env = env::NODE_TOKENS)]
     pub node_tokens: Option<PathBuf>,
+    /// kubeconfig file (Kubernetes backend); unset, the in-cluster configuration (or
+    /// `~/.kube/config`) is used.
+    #[arg(long, env = env::KUBECONFIG)]
+    pub kubeconfig: Option<PathBuf>,
+    /// The audience node proxies' projected ServiceAccount tokens must carry (Kubernetes
+    /// backend; checked by TokenReview).
+    #[arg(long, env = env::TOKEN_AUDIENCE, default_value = "ambit")]
+    pub token_audience: String,
+    /// The ServiceAccount node proxies run as, `<namespace>/<name>` (Kubernetes backend):
+    /// tokens of any other account are refused.
+    #[arg(long, env = env::PROXY_SERVICE_ACCOUNT, default_value = "ambit/ambit-proxy")]
+    pub proxy_service_account: String,
+    /// How long a TokenReview's answer is reused for the same token (Kubernetes backend),
+    /// so that certificate renewals do not each cost an API call.
+    #[arg(long, env = env::TOKEN_REVIEW_CACHE_TTL, default_value = "1m", value_parser = parse_duration)]
+    #[serde(serialize_with = "ser_duration")]
+    pub token_review_cache_ttl: Duration,
     /// Listen address of the identity service (gRPC).
     #[arg(long, env = env::IDENTITY_ADDR, default_value = "0.0.0.0:8080")]
     pub identity_addr: SocketAddr,
@@ -121,6 +148,18 @@ fn ser_duration<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Er
 }
 
 impl Config {
+    /// `--proxy-service-account` as (namespace, name), if well formed.
+    pub fn proxy_service_account(&self) -> Option<(String, String)> {
+        let (ns, name) = self.proxy_service_account.split_once('/')?;
+        let ok = |s: &str| {
+            !s.is_empty()
+                && s.len() <= 253
+                && s.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+        };
+        (ok(ns) && ok(name)).then(|| (ns.to_string(), name.to_string()))
+    }
+
     /// Checks the values together; returns every problem found, each naming its flag.
     pub fn validate(&self) -> Result<(), Vec<String>> {
         let mut errors = Vec::new();
@@ -152,6 +191,35 @@ impl Config {
                     errors.push(
                         "--node-tokens: required with --backend local (node credentials)".into(),
                     );
+                }
+            }
+            Backend::Kube => {
+                for (flag, set) in [
+                    ("--local-dir", self.local_dir.is_some()),
+                    ("--node-tokens", self.node_tokens.is_some()),
+                ] {
+                    if set {
+                        errors.push(format!(
+                            "{flag}: only for --backend local; with --backend kube the cluster comes from the API server and node proxies authenticate by TokenReview"
+                        ));
+                    }
+                }
+                if let Some(k) = &self.kubeconfig {
+                    if !k.is_file() {
+                        errors.push(format!(
+                            "--kubeconfig: {} is not a readable file",
+                            k.display()
+                        ));
+                    }
+                }
+                if self.token_audience.trim().is_empty() {
+                    errors.push("--token-audience: must not be empty".into());
+                }
+                if self.proxy_service_account().is_none() {
+                    errors.push(format!(
+                        "--proxy-service-account: {:?} is not `<namespace>/<name>`",
+                        self.proxy_service_account
+                    ));
                 }
             }
         }

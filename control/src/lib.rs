@@ -6,33 +6,42 @@
 //! - [`pki`]: trust bundle and issuer loading, CSR checking and signing; `ambit pki init`.
 //! - [`index`]: the in-memory model of the cluster (pods, namespaces, Services, ...),
 //!   fed by a backend.
+//! - [`backend`]: the seam: a backend feeds the index and authenticates node proxies.
 //! - [`local`]: the local backend (Kubernetes objects as YAML files in a directory) and
 //!   its node credentials.
+//! - [`kubernetes`]: the Kubernetes backend (kube-rs watchers; TokenReview).
+//! - [`auth`]: node authentication as the services see it (refusals counted by reason).
 //! - [`identity`]: the identity gRPC service with node-scoped authorization.
 //! - [`discovery`]: the discovery gRPC service: a snapshot, then deltas, per node proxy.
 //! - [`tls`]: the control plane's own SVID and TLS on its gRPC ports.
-//! - [`admin`]: `/metrics`, `/ready`, `/live`.
+//! - [`admin`]: `/metrics`, `/ready`, `/live`; [`ready`]: what `/ready` waits for.
 //!
 //! [`Control::build`] loads and checks everything; [`Control::serve`] takes
 //! already-bound listeners, so tests bind port 0.
 
 pub mod admin;
+pub mod auth;
+pub mod backend;
 pub mod config;
 pub mod discovery;
 pub mod identity;
 pub mod index;
+pub mod kubernetes;
 pub mod local;
 pub mod pki;
+pub mod ready;
 pub mod tls;
 
-use config::{Backend, Config};
-use identity::{IdentityMetrics, IdentityService, NodeAuthenticator};
+use auth::NodeAuth;
+use backend::Backend;
+use config::Config;
+use identity::{IdentityMetrics, IdentityService};
 use index::SharedIndex;
-use local::{LocalError, LocalMetrics, NodeTokens};
+use local::LocalError;
 use pki::{CaConfig, CaFiles, CertificateAuthority};
 use prometheus_client::registry::Registry;
+use ready::Readiness;
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use tokio::net::TcpListener;
 
@@ -51,6 +60,9 @@ pub enum StartError {
     /// The node credentials do not load.
     #[error("{0}")]
     NodeTokens(String),
+    /// The Kubernetes client cannot be set up.
+    #[error("Kubernetes API: {0}")]
+    Kube(String),
     /// A server failed.
     #[error("{what} server: {message}")]
     Serve {
@@ -61,6 +73,11 @@ pub enum StartError {
     },
 }
 
+/// What `/ready` waits for until the gRPC servers run.
+const SERVERS: &str = "gRPC servers starting";
+/// What `/ready` says once shutdown has begun.
+const SHUTTING_DOWN: &str = "shutting down";
+
 /// A control plane that has loaded its CA and cluster state and is ready to serve.
 pub struct Control {
     config: Config,
@@ -68,8 +85,7 @@ pub struct Control {
     identity: IdentityService,
     discovery: discovery::DiscoveryService,
     registry: Registry,
-    local_metrics: LocalMetrics,
-    loaded: local::Fingerprint,
+    backend: Box<dyn Backend>,
     /// The CA, the control plane's identity, its serving certificate and its notAfter.
     tls: (
         Arc<CertificateAuthority>,
@@ -101,7 +117,7 @@ pub struct Listeners {
 impl Control {
     /// Validates `config`, loads the CA and the cluster state. Fails with a message that
     /// says what to fix.
-    pub fn build(config: Config) -> Result<Self, StartError> {
+    pub async fn build(config: Config) -> Result<Self, StartError> {
         config.validate().map_err(StartError::Config)?;
         let ca = CertificateAuthority::load(
             &CaFiles {
@@ -116,27 +132,11 @@ impl Control {
             },
         )?;
         let mut registry = Registry::default();
-        let local_metrics = LocalMetrics::register(&mut registry);
         let identity_metrics = IdentityMetrics::register(&mut registry);
         let discovery_metrics = discovery::DiscoveryMetrics::register(&mut registry);
-
-        let (index, auth, loaded): (_, Arc<dyn NodeAuthenticator>, _) = match config.backend {
-            Backend::Local => {
-                let dir = config
-                    .local_dir
-                    .as_deref()
-                    .unwrap_or(std::path::Path::new("."));
-                let loaded = local::fingerprint(dir);
-                let index = local::load_index(dir, &config.trust_domain)?;
-                local_metrics.record_success(&index);
-                let tokens_path = config
-                    .node_tokens
-                    .as_deref()
-                    .unwrap_or(std::path::Path::new(""));
-                let tokens = NodeTokens::load(tokens_path).map_err(StartError::NodeTokens)?;
-                (SharedIndex::new(index), Arc::new(tokens), loaded)
-            }
-        };
+        let backend = backend::build(&config, &mut registry).await?;
+        let index = backend.index();
+        let auth = NodeAuth::new(backend.authenticator(), &mut registry);
         let own_id = ambit_api::WorkloadIdentity::new(
             &config.trust_domain,
             &config.control_namespace,
@@ -158,8 +158,7 @@ impl Control {
             identity,
             discovery,
             registry,
-            local_metrics,
-            loaded,
+            backend,
             tls: (ca, own_id, serving, serving_not_after),
         })
     }
@@ -185,19 +184,10 @@ impl Control {
         };
         tracing::info!(config = %serde_json::to_string(&self.config).unwrap_or_default(), "starting ambit-control");
 
-        let watcher = match self.config.backend {
-            Backend::Local => tokio::spawn(local::watch(
-                self.loaded,
-                self.config.local_dir.clone().unwrap_or_default(),
-                self.config.trust_domain.clone(),
-                self.index.clone(),
-                self.config.local_poll_interval,
-                self.local_metrics.clone(),
-                drained(),
-            )),
-        };
+        let ready = Readiness::default();
+        ready.pending(SERVERS);
+        let watcher = tokio::spawn(self.backend.run(ready.clone(), Box::pin(drained())));
 
-        let ready = Arc::new(AtomicBool::new(false));
         let admin = admin::router(Arc::new(self.registry), ready.clone());
         let admin_shutdown = drained();
         let admin_task = tokio::spawn(async move {
@@ -218,18 +208,20 @@ impl Control {
                 tls::incoming(listeners.identity, acceptor.clone()),
                 drained(),
             );
+        let publisher = tokio::spawn(self.discovery.publisher(drained()));
         let discovery = tonic::transport::Server::builder()
             .add_service(self.discovery.with_drain(drain_rx2).into_server())
             .serve_with_incoming_shutdown(tls::incoming(listeners.discovery, acceptor), drained());
         let identity_task = tokio::spawn(identity);
         let discovery_task = tokio::spawn(discovery);
-        ready.store(true, Ordering::Release);
+        ready.done(SERVERS);
 
         shutdown.await;
         tracing::info!("shutting down");
-        ready.store(false, Ordering::Release);
+        ready.pending(SHUTTING_DOWN);
         let _ = drain_tx.send(true);
         let _ = watcher.await;
+        let _ = publisher.await;
         renewal.abort();
         let serve_err = |what, message: String| StartError::Serve { what, message };
         for (what, task) in [("identity", identity_task), ("discovery", discovery_task)] {

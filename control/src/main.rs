@@ -25,7 +25,7 @@ async fn main() -> anyhow::Result<()> {
             .await
             .with_context(|| format!("binding the admin server to {}", config.admin_addr))?,
     };
-    let control = Control::build(config)?;
+    let control = Control::build(config).await?;
     control.serve(listeners, shutdown_signal()).await?;
     Ok(())
 }

@@ -14,7 +14,7 @@
 pub mod cni;
 pub mod netns;
 
-use ambit_control::config::{Backend, Config};
+use ambit_control::config::Config;
 use ambit_control::pki::generate::{issuer, trust_anchor, CaMaterial, Validity};
 use ambit_control::{Control, Listeners};
 use std::net::SocketAddr;
@@ -38,6 +38,27 @@ metadata: {name: legacy}
 /// Token of each test node, as the proxy would read it from its ServiceAccount.
 pub fn node_token(node: &str) -> String {
     format!("token-for-{node}-0123456789")
+}
+
+/// A path as a command-line argument.
+fn path_arg(p: &std::path::Path) -> String {
+    p.to_string_lossy().into_owned()
+}
+
+/// A fresh trust anchor and issuer for `cluster.local`.
+pub fn test_pki() -> (CaMaterial, CaMaterial) {
+    let root = trust_anchor(
+        "cluster.local",
+        Validity::starting_now(Duration::from_secs(86400 * 3650)),
+    )
+    .unwrap();
+    let iss = issuer(
+        &root,
+        "cluster.local",
+        Validity::starting_now(Duration::from_secs(86400 * 365)),
+    )
+    .unwrap();
+    (root, iss)
 }
 
 /// A control plane running on loopback ports.
@@ -69,17 +90,7 @@ impl ControlPlane {
     /// As [`Self::start`], with the discovery service on `discovery_addr` (to restart a
     /// control plane where proxies expect it).
     pub async fn start_at(cluster_yaml: &str, nodes: &[&str], discovery_addr: SocketAddr) -> Self {
-        let root = trust_anchor(
-            "cluster.local",
-            Validity::starting_now(Duration::from_secs(86400 * 3650)),
-        )
-        .unwrap();
-        let iss = issuer(
-            &root,
-            "cluster.local",
-            Validity::starting_now(Duration::from_secs(86400 * 365)),
-        )
-        .unwrap();
+        let (root, iss) = test_pki();
         Self::start_with_pki(cluster_yaml, nodes, discovery_addr, root, iss).await
     }
 
@@ -94,9 +105,6 @@ impl ControlPlane {
     ) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let p = |n: &str| dir.path().join(n);
-        std::fs::write(p("root.crt"), &root.cert_pem).unwrap();
-        std::fs::write(p("issuer.crt"), &iss.cert_pem).unwrap();
-        std::fs::write(p("issuer.key"), &iss.key_pem).unwrap();
         std::fs::create_dir(p("cluster")).unwrap();
         std::fs::write(p("cluster/cluster.yaml"), cluster_yaml).unwrap();
         let tokens: String = nodes
@@ -104,32 +112,65 @@ impl ControlPlane {
             .map(|n| format!("  {n}: {}\n", node_token(n)))
             .collect();
         std::fs::write(p("tokens.yaml"), format!("nodes:\n{tokens}")).unwrap();
+        let backend = [
+            "--backend".to_string(),
+            "local".into(),
+            "--local-dir".into(),
+            path_arg(&p("cluster")),
+            "--node-tokens".into(),
+            path_arg(&p("tokens.yaml")),
+            "--local-poll-interval".into(),
+            "50ms".into(),
+        ];
+        Self::launch(dir, root, iss, discovery_addr, &backend).await
+    }
 
-        let config = Config {
-            trust_domain: "cluster.local".into(),
-            trust_anchors: p("root.crt"),
-            issuer_cert: p("issuer.crt"),
-            issuer_key: p("issuer.key"),
-            cert_lifetime: Duration::from_secs(24 * 3600),
-            clock_skew_allowance: Duration::from_secs(20),
-            backend: Backend::Local,
-            local_dir: Some(p("cluster")),
-            local_poll_interval: Duration::from_millis(50),
-            node_tokens: Some(p("tokens.yaml")),
-            identity_addr: "127.0.0.1:0".parse().unwrap(),
-            discovery_addr: "127.0.0.1:0".parse().unwrap(),
-            admin_addr: "127.0.0.1:0".parse().unwrap(),
-            control_namespace: "ambit".into(),
-            control_service_account: "ambit-control".into(),
-            log: "info".into(),
-        };
+    /// A control plane on the Kubernetes backend, reading the API server that
+    /// `kubeconfig` names; `extra` are further flags (e.g. `--token-audience`).
+    pub async fn start_kube(kubeconfig: &std::path::Path, extra: &[&str]) -> Self {
+        let (root, iss) = test_pki();
+        let dir = tempfile::tempdir().unwrap();
+        let mut backend = vec![
+            "--backend".to_string(),
+            "kube".into(),
+            "--kubeconfig".into(),
+            path_arg(kubeconfig),
+        ];
+        backend.extend(extra.iter().map(|s| s.to_string()));
+        Self::launch(dir, root, iss, "127.0.0.1:0".parse().unwrap(), &backend).await
+    }
+
+    /// Writes the PKI into `dir`, parses the flags as the binary does, and serves.
+    async fn launch(
+        dir: tempfile::TempDir,
+        root: CaMaterial,
+        iss: CaMaterial,
+        discovery_addr: SocketAddr,
+        backend: &[String],
+    ) -> Self {
+        let p = |n: &str| dir.path().join(n);
+        std::fs::write(p("root.crt"), &root.cert_pem).unwrap();
+        std::fs::write(p("issuer.crt"), &iss.cert_pem).unwrap();
+        std::fs::write(p("issuer.key"), &iss.key_pem).unwrap();
+        let mut args = vec![
+            "ambit-control".to_string(),
+            "--trust-anchors".into(),
+            path_arg(&p("root.crt")),
+            "--issuer-cert".into(),
+            path_arg(&p("issuer.crt")),
+            "--issuer-key".into(),
+            path_arg(&p("issuer.key")),
+        ];
+        args.extend(backend.iter().cloned());
+        let config = <Config as clap::Parser>::try_parse_from(&args)
+            .unwrap_or_else(|e| panic!("ambit-control {args:?}: {e}"));
         let identity = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let discovery = tokio::net::TcpListener::bind(discovery_addr).await.unwrap();
         let admin = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let identity_addr = identity.local_addr().unwrap();
         let discovery_addr = discovery.local_addr().unwrap();
         let admin_addr = admin.local_addr().unwrap();
-        let control = Control::build(config).unwrap();
+        let control = Control::build(config).await.unwrap();
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(async move {
             control
@@ -156,13 +197,16 @@ impl ControlPlane {
             stop: Some(stop),
             task: Some(task),
         };
-        for _ in 0..200 {
+        for _ in 0..1000 {
             if http_get(cp.admin_addr, "/ready").await.0 == 200 {
                 return cp;
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        panic!("control plane did not become ready");
+        panic!(
+            "control plane did not become ready: {}",
+            http_get(cp.admin_addr, "/ready").await.1
+        );
     }
 
     /// The identity service's URL.

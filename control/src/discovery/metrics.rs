@@ -10,6 +10,7 @@ pub struct DiscoveryMetrics {
     streams: Gauge,
     updates: Counter,
     refused: Counter,
+    resynced: Counter,
 }
 
 impl DiscoveryMetrics {
@@ -31,7 +32,16 @@ impl DiscoveryMetrics {
             "Discovery watches refused (bad token or another node's name)",
             m.refused.clone(),
         );
+        registry.register(
+            "discovery_stream_resyncs",
+            "Snapshots sent to streams that fell behind the published deltas",
+            m.resynced.clone(),
+        );
         m
+    }
+
+    pub(super) fn resynced(&self) {
+        self.resynced.inc();
     }
 
     pub(super) fn stream_opened(&self) {

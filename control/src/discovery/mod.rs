@@ -7,17 +7,19 @@
 //! node's own, because a proxy must recognise any meshed pod IP it is asked to reach.
 
 mod metrics;
+mod publish;
 mod state;
 
 pub use metrics::DiscoveryMetrics;
+pub use publish::{Publisher, Rendering};
 pub use state::{diff, snapshot, NodeView};
 
-use crate::identity::NodeAuthenticator;
+use crate::auth::NodeAuth;
 use crate::index::SharedIndex;
 use ambit_api::proto::discovery::discovery_server::{Discovery, DiscoveryServer};
 use ambit_api::proto::discovery::{Update, WatchRequest};
 use std::pin::Pin;
-use std::sync::Arc;
+use tokio::sync::broadcast::error::RecvError;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
@@ -26,7 +28,8 @@ use tonic::{Request, Response, Status};
 #[derive(Clone)]
 pub struct DiscoveryService {
     index: SharedIndex,
-    auth: Arc<dyn NodeAuthenticator>,
+    publisher: Publisher,
+    auth: NodeAuth,
     metrics: DiscoveryMetrics,
     drain: tokio::sync::watch::Receiver<bool>,
 }
@@ -39,12 +42,9 @@ impl std::fmt::Debug for DiscoveryService {
 
 impl DiscoveryService {
     /// A service that streams `index` to nodes authenticated by `auth`.
-    pub fn new(
-        index: SharedIndex,
-        auth: Arc<dyn NodeAuthenticator>,
-        metrics: DiscoveryMetrics,
-    ) -> Self {
+    pub fn new(index: SharedIndex, auth: NodeAuth, metrics: DiscoveryMetrics) -> Self {
         Self {
+            publisher: Publisher::new(&index),
             index,
             auth,
             metrics,
@@ -57,6 +57,14 @@ impl DiscoveryService {
     pub fn with_drain(mut self, drain: tokio::sync::watch::Receiver<bool>) -> Self {
         self.drain = drain;
         self
+    }
+
+    /// Renders the index once per change for every stream; runs until `shutdown`.
+    pub fn publisher(
+        &self,
+        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
+        self.publisher.clone().run(self.index.clone(), shutdown)
     }
 
     /// The tonic server for this service.
@@ -75,7 +83,7 @@ impl Discovery for DiscoveryService {
         &self,
         req: Request<WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
-        let node = match crate::identity::authenticate(self.auth.as_ref(), &req).await {
+        let node = match self.auth.authenticate(&req).await {
             Ok(node) => node,
             Err(status) => {
                 self.metrics.refused();
@@ -90,13 +98,13 @@ impl Discovery for DiscoveryService {
             )));
         }
         let (tx, rx) = mpsc::channel(16);
-        let index = self.index.clone();
+        let publisher = self.publisher.clone();
         let metrics = self.metrics.clone();
         let mut drain = self.drain.clone();
         tokio::spawn(async move {
             metrics.stream_opened();
             tokio::select! {
-                _ = stream_updates(&index, &node, &tx, &metrics) => {}
+                _ = stream_updates(&publisher, &node, &tx, &metrics) => {}
                 _ = async { drop(drain.wait_for(|d| *d).await) } => {
                     let _ = tx.send(Err(Status::unavailable("control plane shutting down; reconnect"))).await;
                 }
@@ -107,34 +115,46 @@ impl Discovery for DiscoveryService {
     }
 }
 
-/// Sends a snapshot, then a delta after each index change, until the client goes away.
+/// Sends a snapshot, then each published delta, until the client goes away. A stream that
+/// fell behind the broadcast gets a fresh snapshot.
 async fn stream_updates(
-    index: &SharedIndex,
+    publisher: &Publisher,
     node: &str,
     tx: &mpsc::Sender<Result<Update, Status>>,
     metrics: &DiscoveryMetrics,
 ) {
-    let mut changes = index.subscribe();
-    changes.mark_unchanged();
-    let mut sent = snapshot(&index.read());
-    tracing::info!(%node, workloads = sent.workloads.len(), services = sent.services.len(), "discovery stream opened");
-    if tx.send(Ok(sent.to_update(true))).await.is_err() {
+    let mut deltas = publisher.subscribe();
+    let start = publisher.latest();
+    tracing::info!(%node, workloads = start.view.workloads.len(), services = start.view.services.len(), "discovery stream opened");
+    let mut version = start.version;
+    if tx.send(Ok(start.view.to_update(true))).await.is_err() {
         return;
     }
+    drop(start);
     metrics.update_sent();
     loop {
-        tokio::select! {
-            changed = changes.changed() => if changed.is_err() { return },
+        let received = tokio::select! {
+            received = deltas.recv() => received,
             _ = tx.closed() => return,
-        }
-        let now = snapshot(&index.read());
-        let delta = diff(&sent, &now);
-        sent = now;
-        if let Some(update) = delta {
-            if tx.send(Ok(update)).await.is_err() {
-                return;
+        };
+        let update = match received {
+            Ok((v, _)) if v <= version => continue,
+            Ok((v, delta)) if v == version + 1 => {
+                version = v;
+                Update::clone(&delta)
             }
-            metrics.update_sent();
+            Ok(_) | Err(RecvError::Lagged(_)) => {
+                let latest = publisher.latest();
+                tracing::info!(%node, from = version, to = latest.version, "discovery stream fell behind; sending a snapshot");
+                metrics.resynced();
+                version = latest.version;
+                latest.view.to_update(true)
+            }
+            Err(RecvError::Closed) => return,
+        };
+        if tx.send(Ok(update)).await.is_err() {
+            return;
         }
+        metrics.update_sent();
     }
 }

@@ -9,63 +9,21 @@ mod metrics;
 
 pub use metrics::IdentityMetrics;
 
+use crate::auth::NodeAuth;
 use crate::index::SharedIndex;
-use crate::local::NodeTokens;
 use crate::pki::{unix_seconds, CertificateAuthority, CsrError};
 use ambit_api::proto::identity::identity_server::{Identity, IdentityServer};
 use ambit_api::proto::identity::{CertifyRequest, CertifyResponse};
 use ambit_api::WorkloadIdentity;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use tonic::{Request, Response, Status};
-
-/// Finds the node a bearer token belongs to.
-pub trait NodeAuthenticator: Send + Sync + 'static {
-    /// The node's name, or `None` for a token that is not a node credential.
-    fn authenticate<'a>(
-        &'a self,
-        token: &'a str,
-    ) -> Pin<Box<dyn Future<Output = Option<String>> + Send + 'a>>;
-}
-
-impl NodeAuthenticator for NodeTokens {
-    fn authenticate<'a>(
-        &'a self,
-        token: &'a str,
-    ) -> Pin<Box<dyn Future<Output = Option<String>> + Send + 'a>> {
-        let node = self.node_for(token).map(str::to_string);
-        Box::pin(async move { node })
-    }
-}
-
-/// The node a request comes from, by its `authorization: Bearer <token>` metadata.
-pub(crate) async fn authenticate<T>(
-    auth: &dyn NodeAuthenticator,
-    req: &Request<T>,
-) -> Result<String, Status> {
-    let header = req
-        .metadata()
-        .get("authorization")
-        .and_then(|v| v.to_str().ok());
-    let Some(token) = header.and_then(|h| h.strip_prefix("Bearer ")) else {
-        return Err(Status::unauthenticated(
-            "no node credential: send `authorization: Bearer <node token>`",
-        ));
-    };
-    auth.authenticate(token.trim()).await.ok_or_else(|| {
-        Status::unauthenticated(
-            "node token not recognised; check the node proxy's token against the control plane's node credentials",
-        )
-    })
-}
 
 /// The gRPC identity service.
 #[derive(Clone)]
 pub struct IdentityService {
     ca: Arc<CertificateAuthority>,
     index: SharedIndex,
-    auth: Arc<dyn NodeAuthenticator>,
+    auth: NodeAuth,
     metrics: IdentityMetrics,
 }
 
@@ -83,7 +41,7 @@ impl IdentityService {
     pub fn new(
         ca: Arc<CertificateAuthority>,
         index: SharedIndex,
-        auth: Arc<dyn NodeAuthenticator>,
+        auth: NodeAuth,
         metrics: IdentityMetrics,
     ) -> Self {
         metrics.set_issuer_expiry(unix_seconds(ca.issuer_not_after()));
@@ -101,7 +59,7 @@ impl IdentityService {
     }
 
     async fn certify_inner(&self, req: Request<CertifyRequest>) -> Result<CertifyResponse, Status> {
-        let node = authenticate(self.auth.as_ref(), &req).await?;
+        let node = self.auth.authenticate(&req).await?;
         let req = req.into_inner();
         let id =
             WorkloadIdentity::new(self.ca.trust_domain(), &req.namespace, &req.service_account)

@@ -6,12 +6,14 @@
 //! it is tested by applying objects synchronously.
 
 mod convert;
+mod kind;
 mod model;
 
 pub use convert::{
     ConvertError, KubeObject, ObjectRef, NETNS_ANNOTATION, OPAQUE_PORTS_ANNOTATION,
     SKIP_INBOUND_PORTS_ANNOTATION, SKIP_OUTBOUND_PORTS_ANNOTATION,
 };
+pub use kind::Kind;
 pub use model::{EndpointInfo, NamespaceInfo, PodInfo, PortHints, ServiceInfo, ServicePort};
 
 use ambit_api::WorkloadIdentity;
@@ -99,24 +101,55 @@ impl ClusterIndex {
     /// Removes one object; removing what is not there is not an error.
     pub fn delete(&mut self, obj: &ObjectRef) {
         let key = (obj.namespace.clone().unwrap_or_default(), obj.name.clone());
-        match obj.kind.as_str() {
-            "Namespace" => {
+        match obj.kind {
+            Kind::Namespace => {
                 self.namespaces.remove(&obj.name);
             }
-            "Pod" => {
+            Kind::Pod => {
                 self.pods.remove(&key);
             }
-            "ServiceAccount" => {
+            Kind::ServiceAccount => {
                 self.service_accounts.remove(&key);
             }
-            "Service" => {
+            Kind::Service => {
                 self.services.remove(&key);
             }
-            "EndpointSlice" => {
+            Kind::EndpointSlice => {
                 self.endpoint_slices.remove(&key);
             }
-            _ => {}
         }
+    }
+
+    /// Replaces every object of `kind` with `objects` (a watcher's re-list: objects of
+    /// that kind deleted meanwhile disappear; other kinds are untouched). Objects that do
+    /// not convert, or are of another kind, are skipped and returned; the rest apply.
+    pub fn reset(
+        &mut self,
+        kind: Kind,
+        objects: impl IntoIterator<Item = KubeObject>,
+    ) -> Vec<ConvertError> {
+        match kind {
+            Kind::Namespace => self.namespaces.clear(),
+            Kind::Pod => self.pods.clear(),
+            Kind::ServiceAccount => self.service_accounts.clear(),
+            Kind::Service => self.services.clear(),
+            Kind::EndpointSlice => self.endpoint_slices.clear(),
+        }
+        let mut errors = Vec::new();
+        for obj in objects {
+            if obj.kind() != kind {
+                errors.push(ConvertError {
+                    object: obj.object_ref().to_string(),
+                    field: "kind".into(),
+                    message: format!("expected a {kind} in a re-list of {kind}"),
+                });
+                continue;
+            }
+            if let Err(e) = self.apply(obj) {
+                errors.push(e);
+            }
+        }
+        errors
     }
 
     /// The trust domain identities are issued in.
@@ -237,14 +270,19 @@ impl ClusterIndex {
     }
 
     /// Counts of indexed objects by kind, for metrics and logs.
-    pub fn counts(&self) -> [(&'static str, usize); 5] {
-        [
-            ("Namespace", self.namespaces.len()),
-            ("Pod", self.pods.len()),
-            ("ServiceAccount", self.service_accounts.len()),
-            ("Service", self.services.len()),
-            ("EndpointSlice", self.endpoint_slices.len()),
-        ]
+    pub fn counts(&self) -> [(Kind, usize); 5] {
+        Kind::ALL.map(|k| (k, self.count(k)))
+    }
+
+    /// The number of indexed objects of `kind`.
+    pub fn count(&self, kind: Kind) -> usize {
+        match kind {
+            Kind::Namespace => self.namespaces.len(),
+            Kind::Pod => self.pods.len(),
+            Kind::ServiceAccount => self.service_accounts.len(),
+            Kind::Service => self.services.len(),
+            Kind::EndpointSlice => self.endpoint_slices.len(),
+        }
     }
 
     fn workload(&self, pod: &PodInfo) -> Workload {
@@ -289,6 +327,26 @@ impl SharedIndex {
         let out = f(&mut self.inner.write().unwrap_or_else(PoisonError::into_inner));
         self.generation.send_modify(|g| *g += 1);
         out
+    }
+
+    /// Adds or replaces one object and notifies watchers.
+    pub fn apply(&self, obj: KubeObject) -> Result<(), ConvertError> {
+        self.update(|i| i.apply(obj))
+    }
+
+    /// Removes one object and notifies watchers.
+    pub fn delete(&self, obj: &ObjectRef) {
+        self.update(|i| i.delete(obj))
+    }
+
+    /// Replaces every object of `kind` (see [`ClusterIndex::reset`]) and notifies
+    /// watchers.
+    pub fn reset(
+        &self,
+        kind: Kind,
+        objects: impl IntoIterator<Item = KubeObject>,
+    ) -> Vec<ConvertError> {
+        self.update(|i| i.reset(kind, objects))
     }
 
     /// A receiver that sees every later update.

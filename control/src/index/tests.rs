@@ -124,7 +124,7 @@ fn node_scoped_authorization_follows_scheduling() {
     assert!(!idx.node_runs_service_account("node-b", "shop", "job"));
     // Deleting the pod revokes the entitlement.
     idx.delete(&ObjectRef {
-        kind: "Pod".into(),
+        kind: Kind::Pod,
         namespace: Some("shop".into()),
         name: "web-0".into(),
     });

@@ -56,7 +56,9 @@ impl LocalMetrics {
     pub fn set_objects(&self, index: &ClusterIndex) {
         for (kind, n) in index.counts() {
             self.objects
-                .get_or_create(&KindLabels { kind: kind.into() })
+                .get_or_create(&KindLabels {
+                    kind: kind.as_str().into(),
+                })
                 .set(n as i64);
         }
     }

@@ -9,10 +9,12 @@
 //! Polling rather than inotify: it sees changes behind symlinks (ConfigMap volumes swap a
 //! symlink), on any filesystem, and costs a few `stat`s per second.
 
+mod backend;
 mod metrics;
 mod parse;
 mod tokens;
 
+pub use backend::LocalBackend;
 pub use metrics::LocalMetrics;
 pub use parse::{parse_file, LoadedObject, LocalError};
 pub use tokens::NodeTokens;

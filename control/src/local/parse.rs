@@ -2,7 +2,7 @@
 //! the object and the field — and that catch misspelt field names, which the Kubernetes
 //! types would otherwise ignore silently.
 
-use crate::index::KubeObject;
+use crate::index::{Kind, KubeObject};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::Value as Json;
@@ -52,14 +52,6 @@ impl fmt::Display for LocalError {
 }
 
 /// Kinds the local backend reads, with their apiVersion.
-const KINDS: &[(&str, &str)] = &[
-    ("v1", "Namespace"),
-    ("v1", "Pod"),
-    ("v1", "ServiceAccount"),
-    ("v1", "Service"),
-    ("discovery.k8s.io/v1", "EndpointSlice"),
-];
-
 /// Parses every object of a (multi-document) YAML file. Kinds the mesh does not read
 /// (Deployments, ConfigMaps, ...) are skipped; `skipped` counts them.
 pub fn parse_file(
@@ -133,27 +125,28 @@ fn parse_value(
         }
         return Ok(());
     }
-    match KINDS.iter().find(|(_, k)| *k == kind) {
+    let known = match Kind::from_name(&kind) {
         None => {
             tracing::debug!(%kind, %name, "skipping a kind the mesh does not read");
             *skipped += 1;
             return Ok(());
         }
-        Some((want, _)) if *want != api_version => {
+        Some(k) if k.api_version() != api_version => {
+            let want = k.api_version();
             return Err(at(
                 object,
                 Some("apiVersion".into()),
                 format!("{api_version:?} is not the apiVersion of {kind}; use {want:?}"),
             ));
         }
-        Some(_) => {}
-    }
-    let parsed = match kind.as_str() {
-        "Namespace" => typed(json, at, object.clone()).map(KubeObject::Namespace),
-        "Pod" => typed(json, at, object.clone()).map(KubeObject::Pod),
-        "ServiceAccount" => typed(json, at, object.clone()).map(KubeObject::ServiceAccount),
-        "Service" => typed(json, at, object.clone()).map(KubeObject::Service),
-        _ => typed(json, at, object.clone()).map(KubeObject::EndpointSlice),
+        Some(k) => k,
+    };
+    let parsed = match known {
+        Kind::Namespace => typed(json, at, object.clone()).map(KubeObject::Namespace),
+        Kind::Pod => typed(json, at, object.clone()).map(KubeObject::Pod),
+        Kind::ServiceAccount => typed(json, at, object.clone()).map(KubeObject::ServiceAccount),
+        Kind::Service => typed(json, at, object.clone()).map(KubeObject::Service),
+        Kind::EndpointSlice => typed(json, at, object.clone()).map(KubeObject::EndpointSlice),
     }?;
     out.push(LoadedObject {
         file: PathBuf::new(),

@@ -8,6 +8,7 @@
 //!   node-a: 8c1d5e0f7a9b4c3e2d1f0a9b8c7d6e5f
 //! ```
 
+use crate::auth::token_digest;
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -33,13 +34,6 @@ impl std::fmt::Debug for NodeTokens {
     }
 }
 
-fn digest(token: &str) -> [u8; 32] {
-    let d = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, token.as_bytes());
-    let mut out = [0u8; 32];
-    out.copy_from_slice(d.as_ref());
-    out
-}
-
 impl NodeTokens {
     /// Reads a tokens file; the error names the file and what is wrong.
     pub fn load(path: &Path) -> Result<Self, String> {
@@ -59,19 +53,19 @@ impl NodeTokens {
                     "nodes.{node}: token is shorter than {MIN_TOKEN_LEN} characters; use a random one (e.g. `openssl rand -hex 16`)"
                 ));
             }
-            if let Some((other, _)) = digests.iter().find(|(_, d)| *d == digest(&token)) {
+            if let Some((other, _)) = digests.iter().find(|(_, d)| *d == token_digest(&token)) {
                 return Err(format!(
                     "nodes.{node}: same token as node {other}; each node needs its own"
                 ));
             }
-            digests.push((node, digest(&token)));
+            digests.push((node, token_digest(&token)));
         }
         Ok(Self { digests })
     }
 
     /// The node whose token this is. Compares digests in constant time.
     pub fn node_for(&self, token: &str) -> Option<&str> {
-        let d = digest(token);
+        let d = token_digest(token);
         let mut found = None;
         for (node, want) in &self.digests {
             if aws_lc_rs::constant_time::verify_slices_are_equal(&d, want).is_ok() {
@@ -79,5 +73,17 @@ impl NodeTokens {
             }
         }
         found
+    }
+}
+
+impl crate::auth::NodeAuthenticator for NodeTokens {
+    fn authenticate<'a>(&'a self, token: &'a str) -> crate::auth::AuthFuture<'a> {
+        let node = self.node_for(token).map(str::to_string).ok_or_else(|| {
+            crate::auth::Refusal::unauthenticated(
+                "unknown_token",
+                "node token not recognised; check the node proxy's token against the control plane's node credentials",
+            )
+        });
+        Box::pin(async move { node })
     }
 }

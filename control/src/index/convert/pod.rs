@@ -1,0 +1,94 @@
+//! Pod: where it runs, its addresses, identity and mesh annotations.
+
+use super::{
+    check_port_annotations, err, mesh_annotation, namespaced_name, parse_ip, ConvertError,
+    NETNS_ANNOTATION,
+};
+use crate::index::model::PodInfo;
+use ambit_api::WorkloadIdentity;
+use k8s_openapi::api::core::v1::Pod;
+
+/// The pod's workload name: its controller's, with a ReplicaSet's template hash removed.
+fn workload_name(pod: &Pod, name: &str) -> String {
+    let owner = pod
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.controller == Some(true))
+        .or_else(|| pod.metadata.owner_references.iter().flatten().next());
+    let Some(owner) = owner else {
+        return name.to_string();
+    };
+    let hash = pod
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get("pod-template-hash"));
+    match (owner.kind.as_str(), hash) {
+        ("ReplicaSet", Some(h)) => owner
+            .name
+            .strip_suffix(&format!("-{h}"))
+            .unwrap_or(&owner.name)
+            .to_string(),
+        _ => owner.name.clone(),
+    }
+}
+
+/// The pod as the mesh sees it; its identity is in `trust_domain`.
+pub(crate) fn pod(pod: &Pod, trust_domain: &str) -> Result<PodInfo, ConvertError> {
+    let (namespace, name) = namespaced_name(&pod.metadata, "Pod")?;
+    let object = format!("Pod {namespace}/{name}");
+    let spec = pod.spec.as_ref();
+    let status = pod.status.as_ref();
+
+    let mut ips = Vec::new();
+    if let Some(pod_ips) = status.and_then(|s| s.pod_ips.as_ref()) {
+        for (i, ip) in pod_ips.iter().enumerate() {
+            ips.push(parse_ip(
+                &ip.ip,
+                &object,
+                &format!("status.podIPs[{i}].ip"),
+            )?);
+        }
+    }
+    if let Some(ip) = status.and_then(|s| s.pod_ip.as_deref()) {
+        let ip = parse_ip(ip, &object, "status.podIP")?;
+        if !ips.contains(&ip) {
+            ips.insert(0, ip);
+        }
+    }
+
+    let service_account = spec
+        .and_then(|s| s.service_account_name.clone())
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "default".to_string());
+    let identity = WorkloadIdentity::new(trust_domain, &namespace, &service_account)
+        .map_err(|e| err(&object, "spec.serviceAccountName", e.to_string()))?;
+
+    let ready = status
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+
+    check_port_annotations(&pod.metadata, &object)?;
+    let annotations = pod.metadata.annotations.clone().unwrap_or_default();
+    Ok(PodInfo {
+        workload: workload_name(pod, &name),
+        netns: annotations.get(NETNS_ANNOTATION).cloned(),
+        uid: pod.metadata.uid.clone(),
+        node_name: spec
+            .and_then(|s| s.node_name.clone())
+            .filter(|n| !n.is_empty()),
+        ips,
+        service_account,
+        identity,
+        mesh_annotation: mesh_annotation(&pod.metadata, &object)?,
+        host_network: spec.and_then(|s| s.host_network).unwrap_or(false),
+        phase: status.and_then(|s| s.phase.clone()),
+        ready,
+        annotations,
+        labels: pod.metadata.labels.clone().unwrap_or_default(),
+        namespace,
+        name,
+    })
+}

@@ -1,0 +1,65 @@
+//! The kinds of Kubernetes object the index holds.
+
+use std::fmt;
+
+/// A kind the index holds. Adding one is a variant here, its conversion in `convert/`,
+/// its map in [`super::ClusterIndex`], and one line in each backend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+pub enum Kind {
+    /// core/v1 Namespace.
+    Namespace,
+    /// core/v1 Pod.
+    Pod,
+    /// core/v1 ServiceAccount.
+    ServiceAccount,
+    /// core/v1 Service.
+    Service,
+    /// discovery.k8s.io/v1 EndpointSlice.
+    EndpointSlice,
+}
+
+impl Kind {
+    /// Every kind, in the order a backend lists them.
+    pub const ALL: [Kind; 5] = [
+        Kind::Namespace,
+        Kind::Pod,
+        Kind::ServiceAccount,
+        Kind::Service,
+        Kind::EndpointSlice,
+    ];
+
+    /// The kind's name, as in `kind:`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Namespace => "Namespace",
+            Kind::Pod => "Pod",
+            Kind::ServiceAccount => "ServiceAccount",
+            Kind::Service => "Service",
+            Kind::EndpointSlice => "EndpointSlice",
+        }
+    }
+
+    /// The `apiVersion` objects of this kind carry.
+    pub fn api_version(self) -> &'static str {
+        match self {
+            Kind::EndpointSlice => "discovery.k8s.io/v1",
+            _ => "v1",
+        }
+    }
+
+    /// Whether objects of this kind live in a namespace.
+    pub fn is_namespaced(self) -> bool {
+        !matches!(self, Kind::Namespace)
+    }
+
+    /// The kind named `name`, if the index holds it.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|k| k.as_str() == name)
+    }
+}
+
+impl fmt::Display for Kind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}

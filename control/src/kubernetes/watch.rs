@@ -1,0 +1,81 @@
+//! One kind's watch: a kube-rs watcher (list, then watch; a re-list after a 410 Gone or a
+//! lost connection, with kube-rs's default backoff) feeding the index.
+//!
+//! The initial list and every re-list replace that kind in the index at once
+//! ([`SharedIndex::reset`]), so objects deleted while the watch was down disappear and
+//! other kinds are untouched. An object the mesh cannot use is skipped, logged with its
+//! kind, namespace, name and field, and counted; it never stops the watch. An update that
+//! does not convert leaves the object's last good version in place.
+
+use super::metrics::KubeMetrics;
+use crate::index::{Kind, KubeObject, SharedIndex};
+use crate::ready::Readiness;
+use futures::StreamExt;
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::WatchStreamExt;
+use kube::{Api, Resource};
+use serde::de::DeserializeOwned;
+use std::fmt::Debug;
+
+/// What every kind's watch shares.
+#[derive(Clone, Debug)]
+pub(super) struct WatchContext {
+    pub(super) index: SharedIndex,
+    pub(super) metrics: KubeMetrics,
+    pub(super) ready: Readiness,
+}
+
+/// What `/ready` waits for until `kind` has been listed once.
+pub(super) fn pending_label(kind: Kind) -> String {
+    format!("initial list of {kind} from the API server")
+}
+
+/// Watches `api` until the stream ends (it does not: errors are retried with backoff).
+pub(super) async fn watch<K>(api: Api<K>, kind: Kind, wrap: fn(K) -> KubeObject, cx: WatchContext)
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+{
+    let stream = watcher::watcher(api, watcher::Config::default()).default_backoff();
+    futures::pin_mut!(stream);
+    let mut listed_once = false;
+    let mut buffer: Vec<KubeObject> = Vec::new();
+    while let Some(event) = stream.next().await {
+        match event {
+            Ok(Event::Init) => {
+                buffer.clear();
+                if listed_once {
+                    tracing::info!(%kind, "re-listing");
+                    cx.metrics.restarted(kind);
+                }
+            }
+            Ok(Event::InitApply(obj)) => buffer.push(wrap(obj)),
+            Ok(Event::InitDone) => {
+                let objects = std::mem::take(&mut buffer);
+                let n = objects.len();
+                for e in cx.index.reset(kind, objects) {
+                    skipped(&cx, kind, &e);
+                }
+                tracing::info!(%kind, objects = n, "listed");
+                listed_once = true;
+                cx.ready.done(&pending_label(kind));
+            }
+            Ok(Event::Apply(obj)) => {
+                if let Err(e) = cx.index.apply(wrap(obj)) {
+                    skipped(&cx, kind, &e);
+                }
+            }
+            Ok(Event::Delete(obj)) => cx.index.delete(&wrap(obj).object_ref()),
+            Err(error) => {
+                // kube-rs retries with backoff; a 410 Gone starts a re-list (Event::Init).
+                tracing::warn!(%kind, %error, "watch error; retrying");
+                cx.metrics.error(kind);
+            }
+        }
+        cx.metrics.set_objects(kind, cx.index.read().count(kind));
+    }
+}
+
+fn skipped(cx: &WatchContext, kind: Kind, e: &crate::index::ConvertError) {
+    tracing::warn!(%kind, object = %e.object, field = %e.field, message = %e.message, "skipping an object the mesh cannot use");
+    cx.metrics.invalid(kind);
+}
