@@ -158,3 +158,6 @@ async fn stream_updates(
         metrics.update_sent();
     }
 }
+
+#[cfg(test)]
+mod tests;

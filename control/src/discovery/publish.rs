@@ -18,7 +18,7 @@ use std::sync::{Arc, PoisonError, RwLock};
 use tokio::sync::broadcast;
 
 /// How many deltas a stream may fall behind before it is sent a snapshot instead.
-const DELTA_BUFFER: usize = 256;
+pub(super) const DELTA_BUFFER: usize = 256;
 
 /// One rendering of the index.
 #[derive(Debug)]

@@ -200,3 +200,51 @@ endpoints:
     assert!(eps[0].ready && !eps[1].ready);
     assert_eq!(eps[0].ports, [(Some("http".into()), 8080)]);
 }
+
+#[test]
+fn a_relist_replaces_one_kind_and_drops_what_was_deleted_meanwhile() {
+    let mut idx = index();
+    let pods_before = idx.count(Kind::Pod);
+    assert!(pods_before > 1);
+    // A re-list of Pods that no longer holds web-0 (deleted while the watch was down),
+    // plus one invalid pod, which is skipped and reported.
+    let relist = objects(
+        r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: batch, namespace: shop}
+spec: {nodeName: node-a, containers: []}
+status: {podIP: 10.1.0.6}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: broken, namespace: shop}
+spec: {nodeName: node-a, containers: []}
+status: {podIP: 10.1.0.999}
+---
+apiVersion: v1
+kind: Namespace
+metadata: {name: stray}
+"#,
+    );
+    let errors = idx.reset(Kind::Pod, relist);
+    assert_eq!(errors.len(), 2, "{errors:?}");
+    assert_eq!(errors[0].field, "status.podIP");
+    assert!(errors[1].message.contains("re-list of Pod"), "{errors:?}");
+    assert_eq!(idx.count(Kind::Pod), 1);
+    assert!(idx.workload_by_name("shop", "web-0").is_none());
+    assert!(idx.workload_by_name("shop", "batch").is_some());
+    // Other kinds are untouched; the stray Namespace was not applied.
+    assert_eq!(idx.count(Kind::Namespace), 2);
+    assert!(idx.workloads_on_node("node-a")[0].meshed);
+}
+
+#[test]
+fn kinds_name_themselves_as_the_api_does() {
+    for kind in Kind::ALL {
+        assert_eq!(Kind::from_name(kind.as_str()), Some(kind));
+    }
+    assert_eq!(Kind::EndpointSlice.api_version(), "discovery.k8s.io/v1");
+    assert!(!Kind::Namespace.is_namespaced() && Kind::Pod.is_namespaced());
+    assert_eq!(Kind::from_name("Deployment"), None);
+}

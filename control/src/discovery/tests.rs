@@ -1,0 +1,91 @@
+use super::*;
+use crate::index::{ClusterIndex, KubeObject};
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+fn pod(i: usize) -> KubeObject {
+    let yaml = format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: p{i}, namespace: shop}}\nspec: {{nodeName: node-a, containers: []}}\nstatus: {{podIP: 10.1.{}.{}}}\n",
+        i / 250,
+        i % 250 + 1
+    );
+    let mut skipped = 0;
+    let mut objs = crate::local::parse_file(std::path::Path::new("t.yaml"), &yaml, &mut skipped)
+        .unwrap_or_else(|e| panic!("{e}"));
+    objs.remove(0).object
+}
+
+fn index() -> SharedIndex {
+    SharedIndex::new(ClusterIndex::new("cluster.local"))
+}
+
+#[tokio::test]
+async fn one_change_is_rendered_once_and_shared_by_every_stream() {
+    let index = index();
+    let publisher = Publisher::new(&index);
+    let mut streams: Vec<_> = (0..100).map(|_| publisher.subscribe()).collect();
+    index.apply(pod(1)).unwrap_or_else(|e| panic!("{e}"));
+    publisher.publish(&index);
+    let (version, first) = streams[0].recv().await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(version, 1);
+    assert_eq!(first.workloads.len(), 1);
+    for s in &mut streams[1..] {
+        let (v, delta) = s.recv().await.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(v, 1);
+        assert!(Arc::ptr_eq(&first, &delta), "every stream shares one rendering");
+    }
+    assert_eq!(publisher.latest().version, 1);
+    // An index change that changes nothing discovery sends publishes nothing.
+    publisher.publish(&index);
+    assert!(streams[0].try_recv().is_err());
+    assert_eq!(publisher.latest().version, 1);
+}
+
+/// Applies what a proxy receives, as the proxy does.
+fn apply(state: &mut BTreeSet<String>, u: &Update) {
+    if u.snapshot {
+        state.clear();
+    }
+    for w in &u.workloads {
+        state.insert(format!("{}/{}", w.namespace, w.name));
+    }
+    for r in &u.removed_workloads {
+        state.remove(r);
+    }
+}
+
+#[tokio::test]
+async fn a_stream_that_falls_behind_gets_a_snapshot_and_ends_up_current() {
+    let index = index();
+    let publisher = Publisher::new(&index);
+    let metrics = DiscoveryMetrics::default();
+    // A client that reads nothing for now: the stream blocks on its first send.
+    let (tx, mut rx) = mpsc::channel(1);
+    let stream = {
+        let publisher = publisher.clone();
+        let metrics = metrics.clone();
+        tokio::spawn(async move { stream_updates(&publisher, "node-a", &tx, &metrics).await })
+    };
+    tokio::task::yield_now().await;
+    for i in 0..(publish::DELTA_BUFFER + 50) {
+        index.apply(pod(i)).unwrap_or_else(|e| panic!("{e}"));
+        publisher.publish(&index);
+    }
+    index.delete(&pod(0).object_ref());
+    publisher.publish(&index);
+    let want: BTreeSet<String> = publisher.latest().view.workloads.keys().cloned().collect();
+    let mut got = BTreeSet::new();
+    let mut snapshots = 0;
+    while got != want {
+        let u = tokio::time::timeout(std::time::Duration::from_secs(5), rx.recv())
+            .await
+            .unwrap_or_else(|_| panic!("stream stalled with {} of {}", got.len(), want.len()))
+            .unwrap_or_else(|| panic!("stream ended"))
+            .unwrap_or_else(|e| panic!("{e}"));
+        snapshots += usize::from(u.snapshot);
+        apply(&mut got, &u);
+    }
+    assert!(snapshots >= 2, "the first message and the resync are snapshots");
+    assert!(!got.contains("shop/p0"));
+    stream.abort();
+}
