@@ -76,6 +76,8 @@ pub struct ControlPlane {
     pub discovery_addr: SocketAddr,
     /// Admin address.
     pub admin_addr: SocketAddr,
+    /// The control plane's index, to change the cluster without a backend (benchmarks).
+    pub index: ambit_control::index::SharedIndex,
     stop: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<()>>,
 }
@@ -171,6 +173,7 @@ impl ControlPlane {
         let discovery_addr = discovery.local_addr().unwrap();
         let admin_addr = admin.local_addr().unwrap();
         let control = Control::build(config).await.unwrap();
+        let index = control.index();
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(async move {
             control
@@ -194,6 +197,7 @@ impl ControlPlane {
             identity_addr,
             discovery_addr,
             admin_addr,
+            index,
             stop: Some(stop),
             task: Some(task),
         };
