@@ -71,39 +71,54 @@ fn cluster(pods: usize, nodes: usize) -> String {
     y
 }
 
-/// Opens one stream per node; returns once every stream has its snapshot, with a
-/// channel on which each stream reports the arrival of each later update.
+/// Opens one stream per node (32 opening at a time, as proxies rolling out would);
+/// returns once every stream has its snapshot, with a channel on which each stream
+/// reports the arrival of each later update.
 async fn open_streams(
     cp: &ControlPlane,
     addr: SocketAddr,
     n: usize,
 ) -> anyhow::Result<mpsc::UnboundedReceiver<Instant>> {
     let (arrivals, rx) = mpsc::unbounded_channel();
-    let (ready_tx, mut ready_rx) = mpsc::channel::<()>(n);
+    let (ready_tx, mut ready_rx) = mpsc::channel::<anyhow::Result<()>>(n);
+    let opening = std::sync::Arc::new(tokio::sync::Semaphore::new(32));
     for i in 0..n {
         let mut client = DiscoveryClient::new(cp.channel(&format!("http://{addr}")))
             .max_decoding_message_size(64 << 20);
         let arrivals = arrivals.clone();
         let ready = ready_tx.clone();
+        let opening = opening.clone();
         tokio::spawn(async move {
-            let mut req = tonic::Request::new(WatchRequest { node: node(i) });
-            let header = format!("Bearer {}", node_token(&node(i)));
-            req.metadata_mut()
-                .insert("authorization", header.parse().context("header")?);
-            let mut stream = client.watch(req).await?.into_inner();
-            stream.message().await?.context("no snapshot")?;
-            ready.send(()).await?;
-            while stream.message().await?.is_some() {
-                let _ = arrivals.send(Instant::now());
+            let open = async {
+                let _permit = opening.acquire().await?;
+                let mut req = tonic::Request::new(WatchRequest { node: node(i) });
+                let header = format!("Bearer {}", node_token(&node(i)));
+                req.metadata_mut()
+                    .insert("authorization", header.parse().context("header")?);
+                let mut stream = client.watch(req).await?.into_inner();
+                stream.message().await?.context("no snapshot")?;
+                anyhow::Ok(stream)
+            };
+            match open.await {
+                Ok(mut stream) => {
+                    let _ = ready.send(Ok(())).await;
+                    while let Ok(Some(_)) = stream.message().await {
+                        let _ = arrivals.send(Instant::now());
+                    }
+                }
+                Err(e) => {
+                    let _ = ready
+                        .send(Err(e.context(format!("stream of {}", node(i)))))
+                        .await;
+                }
             }
-            anyhow::Ok(())
         });
     }
     for _ in 0..n {
         tokio::time::timeout(Duration::from_secs(300), ready_rx.recv())
             .await
             .context("streams did not all open within 5 minutes")?
-            .context("a stream failed to open")?;
+            .context("a stream task ended")??;
     }
     Ok(rx)
 }
@@ -160,6 +175,7 @@ async fn binary_memory(cp: &ControlPlane, bin: &PathBuf, streams: usize) -> anyh
         .args(["--admin-addr", &admin.to_string()])
         .args(["--identity-addr", &identity.to_string()])
         .args(["--log", "warn"])
+        .envs(std::env::vars().filter(|(k, _)| k.starts_with("MALLOC_")))
         .spawn()
         .context("starting ambit-control")?;
     let pid = child.id();

@@ -34,6 +34,10 @@ pub struct ClusterIndex {
     services: BTreeMap<(String, String), ServiceInfo>,
     /// EndpointSlice (namespace, name) → (service name, endpoints).
     endpoint_slices: BTreeMap<(String, String), (String, Vec<EndpointInfo>)>,
+    /// Whether pods may name their network namespace (`local.ambit.dev/netns`): only
+    /// the local backend, whose YAML the operator writes. From an API server, where
+    /// anyone who can create a pod sets its annotations, the annotation is ignored.
+    local_netns: bool,
 }
 
 /// A pod as the mesh sees it: where it runs, whether it is meshed, and its identity.
@@ -56,17 +60,31 @@ impl ClusterIndex {
         }
     }
 
+    /// Honours the `local.ambit.dev/netns` annotation (the local backend only).
+    pub fn with_local_netns(mut self) -> Self {
+        self.local_netns = true;
+        self
+    }
+
     /// Builds an index from a complete set of objects, failing on the first invalid one
     /// (with its position in `objects`).
     pub fn from_objects(
         trust_domain: &str,
         objects: impl IntoIterator<Item = KubeObject>,
     ) -> Result<Self, (usize, ConvertError)> {
-        let mut index = Self::new(trust_domain);
+        Self::new(trust_domain).with_objects(objects)
+    }
+
+    /// Applies a complete set of objects to this (empty) index, failing on the first
+    /// invalid one (with its position in `objects`).
+    pub fn with_objects(
+        mut self,
+        objects: impl IntoIterator<Item = KubeObject>,
+    ) -> Result<Self, (usize, ConvertError)> {
         for (i, obj) in objects.into_iter().enumerate() {
-            index.apply(obj).map_err(|e| (i, e))?;
+            self.apply(obj).map_err(|e| (i, e))?;
         }
-        Ok(index)
+        Ok(self)
     }
 
     /// Adds or replaces one object.
@@ -77,7 +95,10 @@ impl ClusterIndex {
                 self.namespaces.insert(name, info);
             }
             KubeObject::Pod(pod) => {
-                let pod = convert::pod(&pod, &self.trust_domain)?;
+                let mut pod = convert::pod(&pod, &self.trust_domain)?;
+                if !self.local_netns {
+                    pod.netns = None;
+                }
                 self.pods
                     .insert((pod.namespace.clone(), pod.name.clone()), pod);
             }

@@ -248,3 +248,23 @@ fn kinds_name_themselves_as_the_api_does() {
     assert!(!Kind::Namespace.is_namespaced() && Kind::Pod.is_namespaced());
     assert_eq!(Kind::from_name("Deployment"), None);
 }
+
+#[test]
+fn only_the_local_backend_lets_a_pod_name_its_network_namespace() {
+    let pod = r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: sneaky, namespace: shop, annotations: {local.ambit.dev/netns: /proc/1/ns/net}}
+spec: {nodeName: node-a, containers: []}
+"#;
+    // From an API server, anyone who can create a pod sets its annotations.
+    let api = ClusterIndex::from_objects("cluster.local", objects(pod)).unwrap();
+    let w = api.workload_by_name("shop", "sneaky").unwrap();
+    assert_eq!(w.pod.netns, None);
+    let local = ClusterIndex::new("cluster.local")
+        .with_local_netns()
+        .with_objects(objects(pod))
+        .unwrap();
+    let w = local.workload_by_name("shop", "sneaky").unwrap();
+    assert_eq!(w.pod.netns.as_deref(), Some("/proc/1/ns/net"));
+}

@@ -124,7 +124,9 @@ pub fn load_index(dir: &Path, trust_domain: &str) -> Result<ClusterIndex, LocalE
         .iter()
         .map(|o| (o.file.clone(), o.document))
         .collect();
-    let index = ClusterIndex::from_objects(trust_domain, objects.into_iter().map(|o| o.object))
+    let index = ClusterIndex::new(trust_domain)
+        .with_local_netns()
+        .with_objects(objects.into_iter().map(|o| o.object))
         .map_err(|(i, e)| LocalError {
             file: places[i].0.clone(),
             document: Some(places[i].1),
