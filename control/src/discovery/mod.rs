@@ -115,6 +115,27 @@ impl Discovery for DiscoveryService {
     }
 }
 
+/// Resources per snapshot message. A snapshot of the whole cluster in one message would
+/// pass tonic's 4 MiB decode limit at about 27,000 pods, and each stream's encode buffer
+/// keeps the size of the largest message it sent: 1,000 streams of a 10,000-pod
+/// snapshot held 1.6 GB (BENCHMARKS.md, "Discovery fan-out").
+const SNAPSHOT_CHUNK: usize = 256;
+
+/// Sends `rendering` as a snapshot in chunks; false when the client has gone.
+async fn send_snapshot(
+    rendering: &Rendering,
+    tx: &mpsc::Sender<Result<Update, Status>>,
+    metrics: &DiscoveryMetrics,
+) -> bool {
+    for chunk in rendering.view.snapshot_chunks(SNAPSHOT_CHUNK) {
+        if tx.send(Ok(chunk)).await.is_err() {
+            return false;
+        }
+        metrics.update_sent();
+    }
+    true
+}
+
 /// Sends a snapshot, then each published delta, until the client goes away. A stream that
 /// fell behind the broadcast gets a fresh snapshot.
 async fn stream_updates(
@@ -127,11 +148,10 @@ async fn stream_updates(
     let start = publisher.latest();
     tracing::info!(%node, workloads = start.view.workloads.len(), services = start.view.services.len(), "discovery stream opened");
     let mut version = start.version;
-    if tx.send(Ok(start.view.to_update(true))).await.is_err() {
+    if !send_snapshot(&start, tx, metrics).await {
         return;
     }
     drop(start);
-    metrics.update_sent();
     loop {
         let received = tokio::select! {
             received = deltas.recv() => received,
@@ -148,7 +168,10 @@ async fn stream_updates(
                 tracing::info!(%node, from = version, to = latest.version, "discovery stream fell behind; sending a snapshot");
                 metrics.resynced();
                 version = latest.version;
-                latest.view.to_update(true)
+                if !send_snapshot(&latest, tx, metrics).await {
+                    return;
+                }
+                continue;
             }
             Err(RecvError::Closed) => return,
         };

@@ -25,6 +25,32 @@ impl NodeView {
             ..pb::Update::default()
         }
     }
+
+    /// All of it as a snapshot in chunks of at most `per_chunk` resources, made as they
+    /// are taken (a stream holds one chunk at a time, not a copy of the cluster). The
+    /// first has `snapshot`, all but the last `more`; an empty view is one empty chunk.
+    pub fn snapshot_chunks(&self, per_chunk: usize) -> impl Iterator<Item = pb::Update> + '_ {
+        let per_chunk = per_chunk.max(1);
+        let mut workloads = self.workloads.values().peekable();
+        let mut services = self.services.values().peekable();
+        let mut first = true;
+        std::iter::from_fn(move || {
+            if !first && workloads.peek().is_none() && services.peek().is_none() {
+                return None;
+            }
+            let mut u = pb::Update {
+                snapshot: first,
+                ..pb::Update::default()
+            };
+            first = false;
+            u.workloads
+                .extend(workloads.by_ref().take(per_chunk).cloned());
+            let room = per_chunk - u.workloads.len();
+            u.services.extend(services.by_ref().take(room).cloned());
+            u.more = workloads.peek().is_some() || services.peek().is_some();
+            Some(u)
+        })
+    }
 }
 
 fn ranges(set: &PortSet) -> Vec<pb::PortRange> {
@@ -158,6 +184,7 @@ pub fn diff(old: &NodeView, new: &NodeView) -> Option<pb::Update> {
         removed_workloads,
         services,
         removed_services,
+        more: false,
     };
     let empty = update.workloads.is_empty()
         && update.removed_workloads.is_empty()

@@ -32,7 +32,10 @@ async fn one_change_is_rendered_once_and_shared_by_every_stream() {
     for s in &mut streams[1..] {
         let (v, delta) = s.recv().await.unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(v, 1);
-        assert!(Arc::ptr_eq(&first, &delta), "every stream shares one rendering");
+        assert!(
+            Arc::ptr_eq(&first, &delta),
+            "every stream shares one rendering"
+        );
     }
     assert_eq!(publisher.latest().version, 1);
     // An index change that changes nothing discovery sends publishes nothing.
@@ -41,16 +44,31 @@ async fn one_change_is_rendered_once_and_shared_by_every_stream() {
     assert_eq!(publisher.latest().version, 1);
 }
 
-/// Applies what a proxy receives, as the proxy does.
-fn apply(state: &mut BTreeSet<String>, u: &Update) {
-    if u.snapshot {
-        state.clear();
-    }
-    for w in &u.workloads {
-        state.insert(format!("{}/{}", w.namespace, w.name));
-    }
-    for r in &u.removed_workloads {
-        state.remove(r);
+/// What a proxy holds: its state and a snapshot being received.
+#[derive(Default)]
+struct Receiver {
+    state: BTreeSet<String>,
+    pending: Option<BTreeSet<String>>,
+}
+
+impl Receiver {
+    /// Applies what a proxy receives, as the proxy does: a snapshot once complete.
+    fn apply(&mut self, u: &Update) {
+        if u.snapshot {
+            self.pending = Some(BTreeSet::new());
+        }
+        let into = self.pending.as_mut().unwrap_or(&mut self.state);
+        for w in &u.workloads {
+            into.insert(format!("{}/{}", w.namespace, w.name));
+        }
+        for r in &u.removed_workloads {
+            into.remove(r);
+        }
+        if !u.more {
+            if let Some(done) = self.pending.take() {
+                self.state = done;
+            }
+        }
     }
 }
 
@@ -74,18 +92,51 @@ async fn a_stream_that_falls_behind_gets_a_snapshot_and_ends_up_current() {
     index.delete(&pod(0).object_ref());
     publisher.publish(&index);
     let want: BTreeSet<String> = publisher.latest().view.workloads.keys().cloned().collect();
-    let mut got = BTreeSet::new();
+    let mut got = Receiver::default();
     let mut snapshots = 0;
-    while got != want {
+    while got.state != want {
         let u = tokio::time::timeout(std::time::Duration::from_secs(5), rx.recv())
             .await
-            .unwrap_or_else(|_| panic!("stream stalled with {} of {}", got.len(), want.len()))
+            .unwrap_or_else(|_| panic!("stream stalled with {} of {}", got.state.len(), want.len()))
             .unwrap_or_else(|| panic!("stream ended"))
             .unwrap_or_else(|e| panic!("{e}"));
         snapshots += usize::from(u.snapshot);
-        apply(&mut got, &u);
+        got.apply(&u);
     }
-    assert!(snapshots >= 2, "the first message and the resync are snapshots");
-    assert!(!got.contains("shop/p0"));
+    assert!(
+        snapshots >= 2,
+        "the first message and the resync are snapshots"
+    );
+    assert!(!got.state.contains("shop/p0"));
     stream.abort();
+}
+
+#[test]
+fn a_snapshot_goes_in_bounded_chunks_that_add_up_to_the_cluster() {
+    let index = index();
+    for i in 0..10 {
+        index.apply(pod(i)).unwrap_or_else(|e| panic!("{e}"));
+    }
+    let view = snapshot(&index.read());
+    let chunks: Vec<Update> = view.snapshot_chunks(4).collect();
+    assert_eq!(chunks.len(), 3);
+    assert!(chunks[0].snapshot && !chunks[1].snapshot && !chunks[2].snapshot);
+    assert!(chunks[0].more && chunks[1].more && !chunks[2].more);
+    assert!(chunks.iter().all(|c| c.workloads.len() <= 4));
+    let mut r = Receiver::default();
+    r.state.insert("stale/pod".into());
+    for c in &chunks[..2] {
+        r.apply(c);
+        assert!(
+            r.state.contains("stale/pod"),
+            "a partial snapshot is never applied"
+        );
+    }
+    r.apply(&chunks[2]);
+    assert_eq!(r.state.len(), 10);
+    // An empty cluster is one empty snapshot.
+    let empty = snapshot(&ClusterIndex::new("cluster.local"));
+    let chunks: Vec<Update> = empty.snapshot_chunks(4).collect();
+    assert_eq!(chunks.len(), 1);
+    assert!(chunks[0].snapshot && !chunks[0].more);
 }

@@ -129,6 +129,7 @@ impl DiscoveryClient {
             .into_inner();
         metrics.connected.set(1);
         let mut delivered = false;
+        let mut chunks = super::chunks::Chunks::default();
         loop {
             let update = match stream.message().await {
                 Ok(Some(u)) => u,
@@ -141,8 +142,11 @@ impl DiscoveryClient {
                     };
                 }
             };
-            delivered = true;
             metrics.updates.inc();
+            let Some(update) = chunks.push(update) else {
+                continue;
+            };
+            delivered = true;
             let snapshot = update.snapshot;
             state.send_modify(|s| {
                 for bad in Arc::make_mut(s).apply(update) {

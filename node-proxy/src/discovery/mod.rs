@@ -4,6 +4,7 @@
 //! [`DiscoveryState`] and publishes it on a `watch` channel. While the control plane is
 //! away the last state stays in use; a reconnect brings a fresh snapshot.
 
+mod chunks;
 mod client;
 mod state;
 
