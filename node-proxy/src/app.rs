@@ -6,6 +6,7 @@ use crate::discovery::{DiscoveryClient, DiscoveryMetrics, DiscoveryState};
 use crate::identity::{GrpcCaClient, IdentityConfig, IdentityManager, IdentityMetrics};
 use crate::logging::LogLevel;
 use crate::tls::TrustBundle;
+use crate::token::TokenSource;
 use ambit_api::WorkloadIdentity;
 use prometheus_client::registry::Registry;
 use serde_json::json;
@@ -42,16 +43,6 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), AppError> {
     config.validate().map_err(AppError::Config)?;
-    let token = std::fs::read_to_string(&config.token_file)
-        .map_err(|e| AppError::File(format!("--token-file {}: {e}", config.token_file.display())))?
-        .trim()
-        .to_string();
-    if token.is_empty() {
-        return Err(AppError::File(format!(
-            "--token-file {}: the file is empty",
-            config.token_file.display()
-        )));
-    }
     let anchors_pem = std::fs::read(&config.trust_anchors).map_err(|e| {
         AppError::File(format!(
             "--trust-anchors {}: {e}",
@@ -71,6 +62,12 @@ pub async fn run(
     let tcp_metrics = crate::proxy::TcpMetrics::register(&mut registry);
     let http_metrics = crate::proxy::HttpMetrics::register(&mut registry);
     let cni_metrics = crate::cni::CniMetrics::register(&mut registry);
+    let enrol_metrics = crate::enrol::EnrolMetrics::register(&mut registry);
+    let token = TokenSource::file(
+        &config.token_file,
+        crate::token::TokenMetrics::register(&mut registry),
+    )
+    .map_err(|e| AppError::File(format!("--token-file {e}")))?;
 
     let redirector =
         crate::proxy::Redirector::new(config.redirect, &config.bpf_pin_dir, &config.cgroup_path)
@@ -110,6 +107,16 @@ pub async fn run(
     let (state_tx, state_rx) = watch::channel(Arc::new(DiscoveryState::default()));
     let discovery = DiscoveryClient::new(discovery_channel, token, config.node_name.clone());
     let discovery_task = tokio::spawn(discovery.run(state_tx, discovery_metrics, drained()));
+    let enrol_task = tokio::spawn(
+        crate::enrol::Enroller {
+            registry: pods.clone(),
+            state: state_rx.clone(),
+            node: config.node_name.clone(),
+            proc_root: config.proc_root.clone(),
+            metrics: enrol_metrics,
+        }
+        .run(drained()),
+    );
     let reconcile_task = tokio::spawn(reconcile_identities(
         identities.clone(),
         state_rx.clone(),
@@ -188,6 +195,7 @@ pub async fn run(
     tracing::info!("draining");
     drain_tx.send_replace(true);
     let _ = discovery_task.await;
+    let _ = enrol_task.await;
     let _ = reconcile_task.await;
     let _ = pods_task.await;
     if let Some(task) = cni_task {
@@ -300,6 +308,7 @@ fn config_dump(
                     "workload": w.workload,
                     "netns": w.netns,
                     "cni_sandbox": cni.get(&w.key()).map(|p| p.container_id.clone()),
+                    "source": cni.get(&w.key()).map(|p| p.source),
                     "opaque_ports": w.opaque_ports.to_string(),
                     "skip_inbound_ports": w.skip_inbound_ports.to_string(),
                     "skip_outbound_ports": w.skip_outbound_ports.to_string(),

@@ -41,6 +41,8 @@ pub mod env {
     pub const RUN_DIR: &str = "AMBIT_RUN_DIR";
     /// How long a CNI ADD may wait for the pod's listeners.
     pub const CNI_ADD_TIMEOUT: &str = "AMBIT_CNI_ADD_TIMEOUT";
+    /// The host's `/proc`, where running pods' network namespaces are found.
+    pub const PROC_ROOT: &str = "AMBIT_PROC_ROOT";
 }
 
 /// Defaults, as the DaemonSet runs the proxy.
@@ -54,6 +56,8 @@ pub mod defaults {
     pub const CNI_SOCKET: &str = ambit_api::cni::DEFAULT_SOCKET;
     /// The run directory.
     pub const RUN_DIR: &str = "/var/run/ambit";
+    /// The proc filesystem (the chart mounts the host's at `/host/proc`).
+    pub const PROC_ROOT: &str = "/proc";
 }
 
 /// `ambit-proxy` configuration.
@@ -116,6 +120,10 @@ pub struct Config {
     #[arg(long, env = env::CNI_ADD_TIMEOUT, default_value = "30s", value_parser = ambit_api::duration::parse_duration)]
     #[serde(serialize_with = "ser_duration")]
     pub cni_add_timeout: std::time::Duration,
+    /// The host's proc filesystem: pods meshed while they run (no CNI ADD) are found here,
+    /// by the pod UID in a process's cgroup (empty: no such enrolment).
+    #[arg(long, env = env::PROC_ROOT, default_value = defaults::PROC_ROOT, value_parser = path_or_empty)]
+    pub proc_root: PathBuf,
     /// Worker threads of the proxy's runtime (1: a single-threaded runtime).
     #[arg(long, env = env::WORKER_THREADS, default_value_t = 1)]
     pub worker_threads: usize,
@@ -190,6 +198,9 @@ mod tests {
         let c = parse(&[]).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(c.cni_socket, PathBuf::from("/var/run/ambit/cni.sock"));
         assert_eq!(c.cgroup_path, PathBuf::from("/sys/fs/cgroup"));
+        assert_eq!(c.proc_root, PathBuf::from("/proc"));
+        let c = parse(&["--proc-root", "/host/proc"]).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.proc_root, PathBuf::from("/host/proc"));
         assert!(parse(&["--redirect", "iptables"]).is_err());
     }
 }

@@ -10,6 +10,8 @@
 //!   SPIFFE ID.
 //!
 //! - [`cni`]: the CNI plugin's socket, and the pods it handed over (kept across restarts).
+//! - [`enrol`]: pods meshed while running, found in `/proc` and kept as CNI's are.
+//! - [`token`]: the node token, re-read when the kubelet rotates it.
 //! - [`config`]: flags and environment variables, validated up front.
 //! - [`control`]: TLS channels to the control plane.
 //! - [`app`]: wiring — discovery drives the identity manager; the admin server.
@@ -26,11 +28,13 @@ pub mod cni;
 pub mod config;
 pub mod control;
 pub mod discovery;
+pub mod enrol;
 pub mod identity;
 pub mod logging;
 pub mod netns;
 pub mod proxy;
 pub mod tls;
+pub mod token;
 
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;

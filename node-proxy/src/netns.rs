@@ -150,3 +150,27 @@ pub fn original_dst(stream: &tokio::net::TcpStream) -> io::Result<SocketAddr> {
     let ip = std::net::Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
     Ok(SocketAddr::from((ip, u16::from_be(sin.sin_port))))
 }
+
+/// The addresses of the interfaces in the network namespace `ns`, listed by a short-lived
+/// thread that enters it (the caller's thread stays where it is).
+pub fn addresses(ns: &File) -> io::Result<Vec<std::net::IpAddr>> {
+    let ns = ns.try_clone()?;
+    let lister = std::thread::Builder::new()
+        .name("netns-addresses".into())
+        .spawn(move || -> io::Result<Vec<std::net::IpAddr>> {
+            setns(&ns, CloneFlags::CLONE_NEWNET).map_err(io::Error::from)?;
+            let mut ips = Vec::new();
+            for ifa in nix::ifaddrs::getifaddrs().map_err(io::Error::from)? {
+                let Some(addr) = ifa.address else { continue };
+                if let Some(v4) = addr.as_sockaddr_in() {
+                    ips.push(std::net::IpAddr::V4(v4.ip()));
+                } else if let Some(v6) = addr.as_sockaddr_in6() {
+                    ips.push(std::net::IpAddr::V6(v6.ip()));
+                }
+            }
+            Ok(ips)
+        })?;
+    lister
+        .join()
+        .map_err(|_| io::Error::other("the thread listing addresses panicked"))?
+}

@@ -317,6 +317,8 @@ pub fn proxy_config(
         // Never the machine's root cgroup: tests that use eBPF set a cgroup of their own.
         cgroup_path: PathBuf::from("/nonexistent-cgroup"),
         cni_add_timeout: Duration::from_secs(10),
+        // The real /proc: running pods are enrolled from it (tests/tests/enrol.rs).
+        proc_root: PathBuf::from("/proc"),
         control_identity: None,
         log: "info".into(),
     }

@@ -11,7 +11,7 @@
 
 pub mod registry;
 
-pub use registry::{CniPod, CniPods, PodRegistry};
+pub use registry::{CniPod, CniPods, PodRegistry, PodSource};
 
 use crate::discovery::DiscoveryState;
 use crate::proxy::ServingPods;
@@ -278,6 +278,7 @@ impl CniServer {
             container_id: add.pod.container_id,
             ips: add.ips,
             netns: Default::default(),
+            source: PodSource::Cni,
         };
         let pod = match self.registry.add(pod, fd) {
             Ok(pod) => pod,

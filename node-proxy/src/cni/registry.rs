@@ -1,12 +1,13 @@
-//! The pods the CNI plugin handed over, kept on disk so that a restarted proxy serves
-//! them again without a new `ADD`.
+//! The pods the CNI plugin handed over (or that were enrolled while running, see
+//! [`crate::enrol`]), kept on disk so that a restarted proxy serves them again without a
+//! new `ADD`.
 //!
 //! Under the run directory (`/var/run/ambit` by default):
 //!
 //! - `pods/<namespace>_<name>.json`: the pod as the plugin described it;
 //! - `netns/<namespace>_<name>_<sandbox>`: a bind mount of the pod's network namespace
 //!   (as `ip netns add` makes), which keeps a handle on it whatever the runtime does with
-//!   its own path. `DEL` unmounts it.
+//!   its own path (`<namespace>_<name>_proc` for an enrolled pod). `DEL` unmounts it.
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -21,7 +22,18 @@ use tokio::sync::watch;
 /// `NSFS_MAGIC`: what `statfs` says of a namespace file.
 const NSFS_MAGIC: i64 = 0x6e73_6673;
 
-/// A pod handed over by the CNI plugin.
+/// How a pod reached the proxy.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PodSource {
+    /// A CNI `ADD` handed it over (with its sandbox id).
+    #[default]
+    Cni,
+    /// It was running when it was meshed; its netns was found in `/proc` (no sandbox id).
+    Proc,
+}
+
+/// A pod handed over by the CNI plugin, or enrolled while running.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CniPod {
     /// Namespace.
@@ -36,6 +48,9 @@ pub struct CniPod {
     pub ips: Vec<IpAddr>,
     /// The proxy's handle on its network namespace (a bind mount).
     pub netns: PathBuf,
+    /// How it reached the proxy (records older than this field are CNI's).
+    #[serde(default)]
+    pub source: PodSource,
 }
 
 impl CniPod {
@@ -120,23 +135,43 @@ impl PodRegistry {
 
     /// Takes a pod on: keeps a handle on `netns` and records it. An `ADD` repeated for
     /// the same sandbox changes nothing; one for a new sandbox replaces the old one.
-    pub fn add(&self, mut pod: CniPod, netns: OwnedFd) -> io::Result<CniPod> {
+    pub fn add(&self, pod: CniPod, netns: OwnedFd) -> io::Result<CniPod> {
         let _write = self.write.lock().unwrap_or_else(PoisonError::into_inner);
-        let key = pod.key();
-        if let Some(old) = self.pods.borrow().get(&key) {
+        if let Some(old) = self.pods.borrow().get(&pod.key()) {
             if old.container_id == pod.container_id && is_netns(&old.netns) {
                 return Ok(old.clone());
             }
         }
+        self.insert(pod, netns)
+    }
+
+    /// Takes on a pod found running (enrolment), unless it has a record already: a CNI
+    /// `ADD` that came first is the better word on the pod. `None` if it had one.
+    pub fn enrol(&self, mut pod: CniPod, netns: OwnedFd) -> io::Result<Option<CniPod>> {
+        let _write = self.write.lock().unwrap_or_else(PoisonError::into_inner);
+        if self.pods.borrow().contains_key(&pod.key()) {
+            return Ok(None);
+        }
+        pod.source = PodSource::Proc;
+        pod.container_id.clear();
+        self.insert(pod, netns).map(Some)
+    }
+
+    /// Mounts the handle, writes the record, publishes; the write lock is held.
+    fn insert(&self, mut pod: CniPod, netns: OwnedFd) -> io::Result<CniPod> {
+        let key = pod.key();
         if let Some(old) = self.pods.borrow().get(&key).cloned() {
             unmount(&old.netns);
         }
-        let sandbox: String = pod
-            .container_id
-            .chars()
-            .filter(char::is_ascii_alphanumeric)
-            .take(16)
-            .collect();
+        let sandbox: String = match pod.source {
+            PodSource::Cni => pod
+                .container_id
+                .chars()
+                .filter(char::is_ascii_alphanumeric)
+                .take(16)
+                .collect(),
+            PodSource::Proc => "proc".into(),
+        };
         let target = self.dir.join("netns").join(format!(
             "{}_{sandbox}",
             file_name(&pod.namespace, &pod.name)
@@ -174,14 +209,16 @@ impl PodRegistry {
     }
 
     /// Forgets a pod (`DEL`): releases its netns handle and its record. With a sandbox
-    /// given, only that sandbox's entry goes. Whether there was one.
+    /// given, only that sandbox's entry goes — or an enrolled pod's, which has no sandbox
+    /// id (the sandbox it ran in is the only one it had). Whether there was one.
     pub fn remove(&self, namespace: &str, name: &str, container_id: Option<&str>) -> bool {
         let _write = self.write.lock().unwrap_or_else(PoisonError::into_inner);
         let key = format!("{namespace}/{name}");
         let Some(pod) = self.pods.borrow().get(&key).cloned() else {
             return false;
         };
-        if container_id.is_some_and(|c| !c.is_empty() && c != pod.container_id) {
+        let other_sandbox = container_id.is_some_and(|c| !c.is_empty() && c != pod.container_id);
+        if other_sandbox && pod.source == PodSource::Cni {
             return false;
         }
         unmount(&pod.netns);
@@ -196,12 +233,14 @@ impl PodRegistry {
         true
     }
 
-    /// Forgets every pod whose sandbox is not in `valid` (CNI `GC`); returns their keys.
+    /// Forgets every CNI pod whose sandbox is not in `valid` (CNI `GC`); returns their
+    /// keys. Enrolled pods have no sandbox id to match: they go with `DEL` or when
+    /// discovery says they are not meshed.
     pub fn retain_sandboxes(&self, valid: &[String]) -> Vec<String> {
         let stale: Vec<CniPod> = self
             .pods()
             .values()
-            .filter(|p| !valid.contains(&p.container_id))
+            .filter(|p| p.source == PodSource::Cni && !valid.contains(&p.container_id))
             .cloned()
             .collect();
         stale
@@ -224,6 +263,7 @@ mod tests {
             container_id: format!("sandbox-{name}"),
             ips: vec!["10.1.0.5".parse().unwrap_or(IpAddr::from([0, 0, 0, 0]))],
             netns: netns.to_path_buf(),
+            source: PodSource::Cni,
         };
         let json = serde_json::to_vec(&pod).unwrap_or_default();
         let _ = std::fs::write(dir.join("pods").join(format!("shop_{name}.json")), json);
@@ -254,5 +294,43 @@ mod tests {
             Vec::<String>::new()
         );
         assert_eq!(reg.pods().len(), 1);
+    }
+
+    #[test]
+    fn an_enrolled_pod_survives_gc_and_a_restart_yields_to_cni_and_goes_with_del() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let reg = PodRegistry::open(dir.path()).unwrap_or_else(|e| panic!("{e}"));
+        let netns = || -> OwnedFd {
+            File::open("/proc/self/ns/net")
+                .unwrap_or_else(|e| panic!("{e}"))
+                .into()
+        };
+        let pod = |name: &str, container_id: &str| CniPod {
+            namespace: "shop".into(),
+            name: name.into(),
+            uid: "0b9c0a4e-3f4c-4f8e-9a51-2b7d8c1e6f00".into(),
+            container_id: container_id.into(),
+            ips: Vec::new(),
+            netns: PathBuf::new(),
+            source: PodSource::Cni,
+        };
+        let enrolled = reg
+            .enrol(pod("web", "ignored"), netns())
+            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap_or_else(|| panic!("not enrolled"));
+        assert_eq!(enrolled.source, PodSource::Proc);
+        assert!(enrolled.container_id.is_empty());
+        assert!(is_netns(&enrolled.netns), "{}", enrolled.netns.display());
+        // A second enrolment, or one of a pod CNI handed over, changes nothing.
+        assert!(matches!(reg.enrol(pod("web", ""), netns()), Ok(None)));
+        // GC has no sandbox to match it against: it stays.
+        assert!(reg.retain_sandboxes(&[]).is_empty());
+        // A restart restores it as enrolled.
+        let reg = PodRegistry::open(dir.path()).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(reg.pods().get("shop/web"), Some(&enrolled));
+        // The DEL of its sandbox (whatever its id) releases it.
+        assert!(reg.remove("shop", "web", Some("the-real-sandbox")));
+        assert!(!enrolled.netns.exists());
+        assert!(reg.pods().is_empty());
     }
 }

@@ -1,6 +1,7 @@
 //! The discovery stream client, with reconnection and backoff.
 
 use super::DiscoveryState;
+use crate::token::TokenSource;
 use ambit_api::proto::discovery::discovery_client::DiscoveryClient as PbClient;
 use ambit_api::proto::discovery::WatchRequest;
 use prometheus_client::metrics::counter::Counter;
@@ -53,7 +54,7 @@ impl DiscoveryMetrics {
 #[derive(Clone, Debug)]
 pub struct DiscoveryClient {
     channel: Channel,
-    token: String,
+    token: TokenSource,
     node: String,
     backoff_initial: Duration,
     backoff_max: Duration,
@@ -61,11 +62,11 @@ pub struct DiscoveryClient {
 
 impl DiscoveryClient {
     /// A client of the discovery service over `channel` for `node`, authenticating with
-    /// `token`.
-    pub fn new(channel: Channel, token: String, node: String) -> Self {
+    /// the token `token` holds when each stream opens.
+    pub fn new(channel: Channel, token: impl Into<TokenSource>, node: String) -> Self {
         Self {
             channel,
-            token,
+            token: token.into(),
             node,
             backoff_initial: Duration::from_millis(500),
             backoff_max: Duration::from_secs(30),
@@ -118,9 +119,7 @@ impl DiscoveryClient {
         let mut req = tonic::Request::new(WatchRequest {
             node: self.node.clone(),
         });
-        let header = format!("Bearer {}", self.token)
-            .parse()
-            .map_err(|_| "the node token has characters not allowed in a header".to_string())?;
+        let header = self.token.current().bearer().map_err(|e| e.to_string())?;
         req.metadata_mut().insert("authorization", header);
         let mut stream = PbClient::new(channel)
             .watch(req)

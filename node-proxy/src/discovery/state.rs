@@ -270,6 +270,11 @@ impl DiscoveryState {
             .collect()
     }
 
+    /// The workload `<namespace>/<name>`.
+    pub fn workload(&self, key: &str) -> Option<&Arc<Workload>> {
+        self.workloads.get(key)
+    }
+
     /// Every workload.
     pub fn workloads(&self) -> impl Iterator<Item = &Arc<Workload>> {
         self.workloads.values()

@@ -1,5 +1,6 @@
 //! The node proxy's side of the identity service: ask the CA for a certificate.
 
+use crate::token::TokenSource;
 use ambit_api::proto::identity::identity_client::IdentityClient;
 use ambit_api::proto::identity::{CertifyRequest, CertifyResponse};
 use ambit_api::WorkloadIdentity;
@@ -41,16 +42,17 @@ pub trait CaClient: Send + Sync + 'static {
 #[derive(Clone, Debug)]
 pub struct GrpcCaClient {
     client: IdentityClient<Channel>,
-    token: String,
+    token: TokenSource,
 }
 
 impl GrpcCaClient {
     /// A client for the identity service over `channel` (see [`crate::control::channel`];
-    /// it connects lazily, so the proxy starts while the control plane is still away).
-    pub fn new(channel: Channel, token: String) -> Self {
+    /// it connects lazily, so the proxy starts while the control plane is still away),
+    /// sending the token `token` holds at the time of each request.
+    pub fn new(channel: Channel, token: impl Into<TokenSource>) -> Self {
         Self {
             client: IdentityClient::new(channel),
-            token,
+            token: token.into(),
         }
     }
 }
@@ -67,11 +69,11 @@ impl CaClient for GrpcCaClient {
             service_account: id.service_account().to_string(),
             csr_der,
         });
-        let header = format!("Bearer {}", self.token).parse();
+        let header = self.token.current().bearer();
         Box::pin(async move {
-            let header = header.map_err(|_| CaError::Refused {
+            let header = header.map_err(|e| CaError::Refused {
                 code: "InvalidToken".into(),
-                message: "the node token has characters not allowed in a header".into(),
+                message: e.to_string(),
             })?;
             req.metadata_mut().insert("authorization", header);
             client
