@@ -96,7 +96,8 @@ async fn open_streams(
                 req.metadata_mut()
                     .insert("authorization", header.parse().context("header")?);
                 let mut stream = client.watch(req).await?.into_inner();
-                stream.message().await?.context("no snapshot")?;
+                // The snapshot comes in chunks; it is whole at the first without `more`.
+                while stream.message().await?.context("no snapshot")?.more {}
                 anyhow::Ok(stream)
             };
             match open.await {
