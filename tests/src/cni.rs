@@ -11,7 +11,7 @@
 use serde_json::{json, Value};
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::netns::run;
@@ -391,6 +391,78 @@ impl Cluster {
             .output()
             .unwrap();
         String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+}
+
+/// A container's process (`sleep`) in a pod's netns and in a cgroup named as the
+/// kubelet's cgroupfs driver names a container's, below the node's cgroup:
+/// `<node cgroup>/kubepods/besteffort/pod<uid>/<container>`. Killed (by pid), and its
+/// cgroups removed, on drop; drop it before the [`Cluster`].
+#[derive(Debug)]
+pub struct ContainerProcess {
+    child: Child,
+    /// The cgroups made for it, deepest first.
+    cgroups: Vec<PathBuf>,
+}
+
+impl ContainerProcess {
+    /// Its pid.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for ContainerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        for dir in &self.cgroups {
+            let _ = std::fs::remove_dir(dir);
+        }
+    }
+}
+
+impl Cluster {
+    /// Starts a container of `pod` whose pod UID is `uid` (a long `sleep`, bounded at ten
+    /// minutes), as a runtime would under the kubelet's cgroupfs driver, and waits until
+    /// it is in its cgroup and the pod's netns.
+    pub fn start_container(&self, pod: &CniPod, uid: &str) -> ContainerProcess {
+        let node = &self.nodes[pod.node];
+        let kubepods = node.cgroup.join("kubepods");
+        let qos = kubepods.join("besteffort");
+        let pod_cgroup = qos.join(format!("pod{uid}"));
+        let container = pod_cgroup.join(format!("ctr{}", pod.container_id));
+        std::fs::create_dir_all(&container).unwrap();
+        // Into the cgroup first, then the netns (`ip netns exec` execs, keeping the pid).
+        let child = Command::new("sh")
+            .arg("-c")
+            .arg(r#"echo $$ > "$0/cgroup.procs" && exec ip netns exec "$1" sleep 600"#)
+            .arg(&container)
+            .arg(&pod.netns)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let process = ContainerProcess {
+            child,
+            cgroups: vec![container, pod_cgroup, qos, kubepods],
+        };
+        let proc_dir = PathBuf::from(format!("/proc/{}", process.pid()));
+        let own_netns = std::fs::read_link("/proc/self/ns/net").unwrap();
+        for _ in 0..500 {
+            let in_cgroup = std::fs::read_to_string(proc_dir.join("cgroup"))
+                .is_ok_and(|c| c.contains(&format!("/pod{uid}/")));
+            let in_netns =
+                std::fs::read_link(proc_dir.join("ns/net")).is_ok_and(|ns| ns != own_netns);
+            let is_sleep =
+                std::fs::read_to_string(proc_dir.join("comm")).is_ok_and(|c| c.trim() == "sleep");
+            if in_cgroup && in_netns && is_sleep {
+                return process;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        panic!("the container of {} did not start", pod.name);
     }
 }
 

@@ -51,6 +51,12 @@ pub fn rules(w: &Workload) -> String {
     script
 }
 
+/// Matches a connection's first packet (a SYN alone). A nat chain sees only the first
+/// packet of each conntrack entry; for a connection that predates the rules (a pod
+/// enrolled while it runs: conntrack picks the flow up mid-stream) that packet is not a
+/// SYN, so the connection keeps its way instead of being reset at a proxy port.
+const NEW_CONNECTION: &str = "tcp flags & (fin | syn | rst | ack) == syn";
+
 fn table(family: &str, loopback: &str, skip_out: &str, skip_in: &str) -> String {
     format!(
         "table {family} {TABLE} {{}}\n\
@@ -62,13 +68,13 @@ fn table(family: &str, loopback: &str, skip_out: &str, skip_in: &str) -> String 
          \x20   oifname \"lo\" return\n\
          \x20   {loopback} return\n\
          {skip_out}\
-         \x20   meta l4proto tcp redirect to :{OUTBOUND_PORT}\n\
+         \x20   {NEW_CONNECTION} redirect to :{OUTBOUND_PORT}\n\
          \x20 }}\n\
          \x20 chain prerouting {{\n\
          \x20   type nat hook prerouting priority -100; policy accept;\n\
          \x20   tcp dport {MESH_PORT} return\n\
          {skip_in}\
-         \x20   meta l4proto tcp redirect to :{INBOUND_PLAIN_PORT}\n\
+         \x20   {NEW_CONNECTION} redirect to :{INBOUND_PLAIN_PORT}\n\
          \x20 }}\n\
          }}\n"
     )
@@ -140,9 +146,9 @@ mod tests {
         let r = rules(&w);
         assert!(r.contains("meta mark 0x0a3b0000 return"), "{r}");
         assert!(
-            r.contains("tcp dport { 5432 } return\n    meta l4proto tcp redirect to :4140"),
+            r.contains("tcp dport { 5432 } return\n    tcp flags & (fin | syn | rst | ack) == syn redirect to :4140"),
             "{r}"
         );
-        assert!(r.contains("tcp dport 4143 return\n    tcp dport { 22, 9000-9010 } return\n    meta l4proto tcp redirect to :4144"), "{r}");
+        assert!(r.contains("tcp dport 4143 return\n    tcp dport { 22, 9000-9010 } return\n    tcp flags & (fin | syn | rst | ack) == syn redirect to :4144"), "{r}");
     }
 }
