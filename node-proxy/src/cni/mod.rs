@@ -339,7 +339,7 @@ impl CniServer {
                 error(
                     code::NOT_REDIRECTED,
                     format!("meshed pod {key} was never handed to the node proxy"),
-                    "delete the pod so that it is created again with redirection",
+                    "the proxy enrols it once it finds the pod's processes in /proc (see pod_enrolments_total and the proxy's log)",
                 )
             } else {
                 Response::Ok

@@ -11,7 +11,8 @@
 //!   hand-off does (a bind-mounted netns handle under the run dir, so a restart keeps it).
 //!   The data path then opens the pod's listeners and redirection as for any other pod.
 //!   A pod that discovery lists as present and not meshed has its record dropped (its
-//!   listeners and redirection go as soon as discovery says so).
+//!   listeners and redirection go as soon as discovery says so), and so has an enrolled
+//!   pod that discovery no longer lists.
 //!
 //! Connections opened before enrolment are left alone: `sk_lookup` and nftables'
 //! `REDIRECT` act on new connections only, and `connect()` hooks on new `connect()`s.
@@ -74,7 +75,7 @@ impl EnrolMetrics {
         );
         registry.register(
             "pod_enrolment_releases",
-            "Pod records dropped because discovery lists the pod as not meshed",
+            "Pod records dropped because discovery lists the pod as not meshed (or no longer lists an enrolled pod)",
             m.released.clone(),
         );
         registry.register(
@@ -181,7 +182,7 @@ impl Enroller {
             records.borrow_and_update();
             let mut wake = None;
             if s.synced {
-                self.release_unmeshed(&s);
+                self.release(&s);
                 let (due, later) = self.due(&s, &mut retries);
                 wake = later;
                 let now = Instant::now();
@@ -209,15 +210,23 @@ impl Enroller {
         }
     }
 
-    /// Drops the record of every pod that discovery lists as not meshed.
-    fn release_unmeshed(&self, s: &DiscoveryState) {
+    /// Drops the record of every pod that discovery lists as not meshed, and of every
+    /// enrolled pod it no longer lists (or lists with another UID: a new pod of the same
+    /// name). CNI records of unlisted pods wait for `DEL` or `GC`, which enrolled pods,
+    /// having no sandbox id, would never match.
+    fn release(&self, s: &DiscoveryState) {
         for (key, pod) in self.registry.pods().iter() {
-            if s.workload(key).is_none_or(|w| w.meshed) {
-                continue;
-            }
+            let reason = match s.workload(key) {
+                Some(w) if !w.meshed => "the pod is no longer meshed",
+                None if pod.source == PodSource::Proc => "discovery no longer lists the pod",
+                Some(w) if pod.source == PodSource::Proc && w.uid != pod.uid => {
+                    "the pod was replaced by another of the same name"
+                }
+                _ => continue,
+            };
             if self.registry.remove(&pod.namespace, &pod.name, None) {
                 self.metrics.released.inc();
-                tracing::info!(pod = %key, source = ?pod.source, "pod is no longer meshed: record and netns handle dropped");
+                tracing::info!(pod = %key, source = ?pod.source, reason, "record and netns handle dropped");
             }
         }
     }

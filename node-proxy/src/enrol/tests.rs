@@ -106,27 +106,36 @@ fn metrics_text(registry: &Registry) -> String {
 
 /// Runs as root: the registry bind-mounts a netns handle.
 #[tokio::test]
-async fn pods_not_found_or_unusable_are_counted_and_unmeshed_records_are_released() {
+async fn pods_not_found_or_unusable_are_counted_and_unmeshed_or_vanished_records_are_released() {
     let proc_root = fake_proc();
     let run = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let registry = PodRegistry::open(run.path()).unwrap_or_else(|e| panic!("{e}"));
-    let held = registry
-        .enrol(
-            CniPod {
-                namespace: "shop".into(),
-                name: "old".into(),
-                uid: C.into(),
-                container_id: String::new(),
-                ips: Vec::new(),
-                netns: PathBuf::new(),
-                source: PodSource::Proc,
-            },
-            std::fs::File::open("/proc/self/ns/net")
-                .unwrap_or_else(|e| panic!("{e}"))
-                .into(),
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
-    assert!(held.is_some());
+    let record = |name: &str, uid: &str, source: PodSource| {
+        let pod = CniPod {
+            namespace: "shop".into(),
+            name: name.into(),
+            uid: uid.into(),
+            container_id: format!("sandbox-{name}"),
+            ips: Vec::new(),
+            netns: PathBuf::new(),
+            source,
+        };
+        let ns = std::fs::File::open("/proc/self/ns/net").unwrap_or_else(|e| panic!("{e}"));
+        let kept = match source {
+            PodSource::Proc => registry.enrol(pod, ns.into()).map(|p| p.is_some()),
+            PodSource::Cni => registry.add(pod, ns.into()).map(|_| true),
+        };
+        assert!(kept.unwrap_or_else(|e| panic!("{e}")));
+    };
+    // Listed as not meshed: released, whatever brought it.
+    record("old", C, PodSource::Proc);
+    record("cni-old", C, PodSource::Cni);
+    // Enrolled, then deleted while the proxy was away (no DEL seen): released.
+    record("gone", C, PodSource::Proc);
+    // Enrolled, then replaced by a new pod of the same name: released.
+    record("replaced", C, PodSource::Proc);
+    // Handed over by CNI and not listed: kept for DEL or GC.
+    record("cni-unlisted", C, PodSource::Cni);
 
     let local = pb::Workload {
         netns: "/run/netns/local".into(),
@@ -149,8 +158,9 @@ async fn pods_not_found_or_unusable_are_counted_and_unmeshed_records_are_release
             no_ip,
             workload("no-uid", "", true),
             workload("bad-uid", "NOT-A-UID", true),
-            // Listed as not meshed while it has a record: released.
             workload("old", C, false),
+            workload("cni-old", C, false),
+            workload("replaced", "12345678-1234-4234-8234-000000000000", true),
         ],
         ..Default::default()
     });
@@ -170,8 +180,9 @@ async fn pods_not_found_or_unusable_are_counted_and_unmeshed_records_are_release
     }));
     let want = [
         "pod_enrolments_total{result=\"error\"} 2",
-        "pod_enrolments_total{result=\"not_found\"} 1",
-        "pod_enrolment_releases_total 1",
+        // b, and the pod that replaced "replaced".
+        "pod_enrolments_total{result=\"not_found\"} 2",
+        "pod_enrolment_releases_total 4",
         "pod_enrolment_scans_total 1",
     ];
     let mut text = String::new();
@@ -186,7 +197,9 @@ async fn pods_not_found_or_unusable_are_counted_and_unmeshed_records_are_release
         assert!(text.contains(w), "{w}:\n{text}");
     }
     assert!(!text.contains("result=\"enrolled\""), "{text}");
-    assert!(registry.pods().is_empty(), "{:?}", registry.pods());
+    let kept: Vec<String> = registry.pods().keys().cloned().collect();
+    assert_eq!(kept, ["shop/cni-unlisted"]);
+    assert!(registry.remove("shop", "cni-unlisted", None));
     let _ = stop.send(());
     task.await.unwrap_or_else(|e| panic!("{e}"));
 }
