@@ -257,14 +257,22 @@ async fn scenario(test: &str, redirect: Redirect, uid: &str) {
     );
     assert!(!mb.contains("result=\"enrolled\""), "{mb}");
 
-    // A connection opened before enrolment (from the unmeshed pod)...
+    // Connections opened before enrolment, to web (from the unmeshed pod) and from web
+    // (an unmarked socket of its netns)...
     let old_ns = Netns::open(Path::new(&old.path())).unwrap();
+    let old_echoed = echo_server(&old_ns, 7071).await;
     let stream = old_ns
         .connect(SocketAddr::from((WEB_IP, 7070)), 0)
         .await
         .unwrap();
     let mut before = BufReader::new(stream);
     assert_eq!(echo(&mut before, "before").await, "before");
+    let stream = web_ns
+        .connect(SocketAddr::from((OLD_IP, 7071)), 0)
+        .await
+        .unwrap();
+    let mut outbound = BufReader::new(stream);
+    assert_eq!(echo(&mut outbound, "before").await, "before");
 
     // Annotating the namespace meshes the running pod, without a CNI ADD.
     cp.set_cluster(&cluster_yaml(true, uid));
@@ -293,8 +301,16 @@ async fn scenario(test: &str, redirect: Redirect, uid: &str) {
         assert!(nft_ruleset(&web).contains("table ip ambit"));
     }
 
-    // ...finishes as it started (direct to web); a new one goes through web's proxy.
+    // ...finish as they started (directly); a new one goes through web's proxy.
     assert_eq!(echo(&mut before, "after").await, "after");
+    assert_eq!(echo(&mut outbound, "after").await, "after");
+    let peers: Vec<IpAddr> = old_echoed
+        .lock()
+        .unwrap()
+        .iter()
+        .map(SocketAddr::ip)
+        .collect();
+    assert_eq!(peers, [IpAddr::from(WEB_IP)]);
     let stream = old_ns
         .connect(SocketAddr::from((WEB_IP, 7070)), 0)
         .await
@@ -303,7 +319,7 @@ async fn scenario(test: &str, redirect: Redirect, uid: &str) {
     assert_eq!(echo(&mut after, "new").await, "new");
     let peers: Vec<IpAddr> = echoed.lock().unwrap().iter().map(SocketAddr::ip).collect();
     assert_eq!(peers, [IpAddr::from(OLD_IP), IpAddr::from(WEB_IP)]);
-    drop((before, after));
+    drop((before, after, outbound));
 
     // A restart keeps the enrolled pod (its record and netns handle): no new enrolment.
     b.stop().await;
