@@ -358,6 +358,33 @@ async fn after_an_outage_and_compaction_the_reflector_relists_and_drops_a_delete
 }
 
 #[tokio::test]
+async fn a_watch_that_times_out_resumes_from_its_version_without_a_list() {
+    let settings = Settings {
+        bookmark_interval: Duration::from_millis(200),
+        ..Settings::default()
+    };
+    let fake = cluster(1, settings).await;
+    let pods: Api<Pod> = Api::all(fake.client().await);
+    let mut rx = spawn_events(watcher(pods, watcher::Config::default().timeout(1)));
+    expect_init(&mut rx, &["p0"]).await;
+    for _ in 0..300 {
+        if fake.requests("watch", "pods") >= 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(fake.requests("watch", "pods") >= 3);
+    fake.wait_for_watches(1).await;
+    fake.apply(pod("demo", "p1", "n1"));
+    assert_eq!(next_event(&mut rx).await, "Apply p1");
+    assert!(fake.delete_object::<Pod>("demo", "p1"));
+    assert_eq!(next_event(&mut rx).await, "Delete p1");
+    assert_eq!(fake.requests("list", "pods"), 1);
+    let log = fake.request_log();
+    assert!(log.iter().any(|r| r.uri.contains("timeoutSeconds=1&")));
+}
+
+#[tokio::test]
 async fn a_streaming_list_watcher_gets_the_initial_events_and_their_end() {
     let fake = cluster(2, Settings::default()).await;
     let pods: Api<Pod> = Api::all(fake.client().await);

@@ -7,7 +7,7 @@
 //!
 //! # Layout
 //! - `store`: objects as etcd keeps them: one resourceVersion counter for all kinds,
-//!   per-kind history, compaction ([`ResourceType`] registers a kind).
+//!   per-kind history, compaction; `resource`: the kinds ([`ResourceType`] registers one).
 //! - `list`: consistent paged lists (`limit`, `continue`, 410 for an expired token).
 //! - `watch`: chunked watch streams, bookmarks, ERROR 410 for a compacted version.
 //! - `select`: label and field selectors.
@@ -20,6 +20,7 @@
 //! allowed everything), admission defaults.
 
 mod list;
+mod resource;
 mod select;
 mod server;
 mod status;
@@ -28,8 +29,8 @@ mod tls;
 mod tokenreview;
 mod watch;
 
+pub use resource::ResourceType;
 pub use status::Failure;
-pub use store::ResourceType;
 pub use tokenreview::{
     TokenIdentity, API_AUDIENCE, CREDENTIAL_ID_EXTRA, NODE_NAME_EXTRA, POD_NAME_EXTRA,
     POD_UID_EXTRA,
@@ -251,10 +252,17 @@ impl FakeKube {
     where
         K: ::kube::Resource<DynamicType = ()> + DeserializeOwned,
     {
-        let kind = format!("{}.{}", K::plural(&()), K::group(&()));
-        let kind = kind.trim_end_matches('.');
-        self.get(kind, namespace, name)
+        self.get(&typed_name::<K>(), namespace, name)
             .map(|o| serde_json::from_value(o).unwrap())
+    }
+
+    /// [`Self::delete`] for a typed kind.
+    pub fn delete_object<K: ::kube::Resource<DynamicType = ()>>(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> bool {
+        self.delete(&typed_name::<K>(), namespace, name)
     }
 
     /// The newest resourceVersion.
@@ -381,6 +389,16 @@ impl FakeKube {
             "fake kube: {} watches open, {n} expected",
             self.open_watches()
         );
+    }
+}
+
+/// `plural.group`, or `plural` for the core group.
+fn typed_name<K: ::kube::Resource<DynamicType = ()>>() -> String {
+    let group = K::group(&());
+    if group.is_empty() {
+        K::plural(&()).into_owned()
+    } else {
+        format!("{}.{group}", K::plural(&()))
     }
 }
 

@@ -1,8 +1,8 @@
 //! Which objects a request asks for: its namespace, `labelSelector` and `fieldSelector`,
 //! with the API server's grammar (equality, inequality, `in`, `notin`, existence).
 
+use super::resource::ResourceType;
 use super::status::Failure;
-use super::store::ResourceType;
 use serde_json::Value;
 
 /// One requirement of a label selector.

@@ -36,13 +36,15 @@ pub(crate) async fn serve(listener: TcpListener, tls: TlsAcceptor, shared: Arc<S
         let Ok((tcp, _)) = listener.accept().await else {
             continue;
         };
+        // Subscribed before looking at `down`: an outage that starts in between still
+        // cuts this connection.
+        let mut sever = shared.sever.subscribe();
         if shared.down.load(Ordering::SeqCst) {
             drop(tcp);
             continue;
         }
         let tls = tls.clone();
         let shared = shared.clone();
-        let mut sever = shared.sever.subscribe();
         tokio::spawn(async move {
             let conn = async {
                 let Ok(stream) = tls.accept(tcp).await else {

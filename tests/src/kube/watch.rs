@@ -2,9 +2,10 @@
 //! resourceVersion onwards; BOOKMARKs with only `metadata.resourceVersion`; an ERROR
 //! event with a 410 Status (and the end of the stream) for a version compacted away.
 
+use super::resource::ResourceType;
 use super::select::Filter;
 use super::status::Failure;
-use super::store::{Change, EventType, ResourceType};
+use super::store::{Change, EventType};
 use super::Shared;
 use bytes::Bytes;
 use futures::Stream;
