@@ -84,11 +84,6 @@ impl Failure {
         Self::new(422, "Invalid", message)
     }
 
-    /// 503 `ServiceUnavailable`.
-    pub fn unavailable(message: impl Into<String>) -> Self {
-        Self::new(503, "ServiceUnavailable", message)
-    }
-
     fn new(code: u16, reason: &'static str, message: impl Into<String>) -> Self {
         Self {
             code,
