@@ -5,8 +5,10 @@
 //! | cgroupfs | `/kubepods/burstable/pod<uid>/<container>` (`besteffort`, or no QoS level for Guaranteed pods) |
 //! | systemd | `/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod<uid with _>.slice/cri-containerd-<id>.scope` |
 //!
-//! Either may sit below a prefix (a cgroup namespace, the kubelet's `--cgroup-root`, a
-//! node running inside a container). A process's `/proc/<pid>/cgroup` has one
+//! Either may sit below a prefix (the kubelet's `--cgroup-root`, a node running inside a
+//! container). Read from inside a cgroup namespace (a proxy container on cgroup v2), a
+//! path outside the namespace starts with `..` components, so the `kubepods` level may
+//! not show: `/../../../besteffort/pod<uid>/<container>`. A process's `/proc/<pid>/cgroup` has one
 //! `hierarchy:controllers:path` line per hierarchy: `0::/...` for cgroup v2, and lines
 //! such as `12:pids:/kubepods/...` on v1 or hybrid hosts.
 //!
@@ -63,11 +65,20 @@ pub fn pod_uid_of_path(path: &str) -> Option<String> {
 /// `pod<uid>` right under `kubepods` or under one of its QoS levels.
 fn cgroupfs_pod(parents: &[&str], part: &str) -> Option<String> {
     let uid = part.strip_prefix("pod")?;
-    matches!(
-        parents,
-        [.., "kubepods"] | [.., "kubepods", "burstable" | "besteffort"]
-    )
-    .then(|| uid.to_string())
+    let above_qos = match parents {
+        [rest @ .., "burstable" | "besteffort"] => rest,
+        all => all,
+    };
+    (above_qos.last() == Some(&"kubepods") || outside_namespace(above_qos)).then(|| uid.to_string())
+}
+
+/// Whether `parents` are only the leading `..` the kernel writes for a cgroup outside the
+/// reader's cgroup namespace: read from a container (a private cgroup namespace, the
+/// default on cgroup v2), another pod's process shows as `/../../../besteffort/pod<uid>/…`,
+/// the `kubepods` level being above what the reader sees. No cgroup can be named `..`,
+/// so these components are the kernel's, not a pod's.
+fn outside_namespace(parents: &[&str]) -> bool {
+    matches!(parents, ["", up @ ..] if !up.is_empty() && up.iter().all(|p| *p == ".."))
 }
 
 /// `[<prefix>-]kubepods[-<qos>]-pod<uid_with_underscores>.slice`.
@@ -122,6 +133,10 @@ mod tests {
             format!("/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-besteffort.slice/kubelet-kubepods-besteffort-pod{u}.slice/cri-containerd-1.scope"),
             format!("/docker/abc/kubepods/burstable/pod{UID}/0123"),
             format!("/test-77/node-b/kubepods/besteffort/pod{UID}/ctr-1"),
+            // Read from a container in a cgroup namespace of its own.
+            format!("/../../../besteffort/pod{UID}/0123"),
+            format!("/../../pod{UID}/0123"),
+            format!("/../../../kubepods-besteffort.slice/kubepods-besteffort-pod{u}.slice/crio-1.scope"),
         ] {
             assert_eq!(pod_uid_of_path(&path).as_deref(), Some(UID), "{path}");
         }
@@ -138,6 +153,9 @@ mod tests {
             format!("/system.slice/pod{UID}"),
             format!("/kubepods/guaranteed/pod{UID}/x"),
             format!("/other/pod{UID}/x"),
+            format!("/../other/pod{UID}/x"),
+            format!("/../kubepods/../pod{UID}/x"),
+            format!("/pod{UID}/x"),
             format!("/kubepods/burstable/pod{}/x", UID.to_uppercase()),
             format!("/kubepods/burstable/pod{UID}x/x"),
             format!("/system.slice/notkubepods-pod{}.slice", underscored(UID)),
