@@ -41,6 +41,39 @@ pub fn node_token(node: &str) -> String {
     format!("token-for-{node}-0123456789")
 }
 
+/// A fresh ECDSA P-256 CSR, as a node proxy sends for a workload.
+pub fn csr() -> Vec<u8> {
+    let key = rcgen::KeyPair::generate().unwrap();
+    rcgen::CertificateParams::default()
+        .serialize_request(&key)
+        .unwrap()
+        .der()
+        .to_vec()
+}
+
+/// Asks `cp`'s identity service for a certificate of `ns/sa`, with `token` as the node
+/// credential (none: no `authorization` header).
+pub async fn raw_certify(
+    cp: &ControlPlane,
+    token: Option<&str>,
+    ns: &str,
+    sa: &str,
+    csr_der: Vec<u8>,
+) -> Result<ambit_api::proto::identity::CertifyResponse, tonic::Status> {
+    use ambit_api::proto::identity::identity_client::IdentityClient;
+    let mut client = IdentityClient::new(cp.channel(&cp.identity_url()));
+    let mut req = tonic::Request::new(ambit_api::proto::identity::CertifyRequest {
+        namespace: ns.into(),
+        service_account: sa.into(),
+        csr_der,
+    });
+    if let Some(t) = token {
+        req.metadata_mut()
+            .insert("authorization", format!("Bearer {t}").parse().unwrap());
+    }
+    client.certify(req).await.map(tonic::Response::into_inner)
+}
+
 /// A path as a command-line argument.
 fn path_arg(p: &std::path::Path) -> String {
     p.to_string_lossy().into_owned()

@@ -4,9 +4,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure
 
 use ambit_api::proto::identity::identity_client::IdentityClient;
-use ambit_api::proto::identity::{CertifyRequest, CertifyResponse};
+use ambit_api::proto::identity::CertifyRequest;
 use ambit_api::WorkloadIdentity;
-use ambit_e2e::{node_token, ControlPlane};
+use ambit_e2e::{csr, node_token, raw_certify, ControlPlane};
 use ambit_proxy::identity::{
     CaClient, GrpcCaClient, IdentityConfig, IdentityManager, IdentityMetrics,
 };
@@ -44,35 +44,6 @@ fn web() -> WorkloadIdentity {
 
 fn db() -> WorkloadIdentity {
     WorkloadIdentity::new("cluster.local", "shop", "db").unwrap()
-}
-
-fn csr() -> Vec<u8> {
-    let key = KeyPair::generate().unwrap();
-    CertificateParams::default()
-        .serialize_request(&key)
-        .unwrap()
-        .der()
-        .to_vec()
-}
-
-async fn raw_certify(
-    cp: &ControlPlane,
-    token: Option<&str>,
-    ns: &str,
-    sa: &str,
-    csr_der: Vec<u8>,
-) -> Result<CertifyResponse, tonic::Status> {
-    let mut client = IdentityClient::new(cp.channel(&cp.identity_url()));
-    let mut req = tonic::Request::new(CertifyRequest {
-        namespace: ns.into(),
-        service_account: sa.into(),
-        csr_der,
-    });
-    if let Some(t) = token {
-        req.metadata_mut()
-            .insert("authorization", format!("Bearer {t}").parse().unwrap());
-    }
-    client.certify(req).await.map(tonic::Response::into_inner)
 }
 
 fn manager(cp: &ControlPlane, node: &str) -> IdentityManager {

@@ -1,0 +1,428 @@
+//! The Kubernetes backend end to end: the real control plane on `--backend kube`, its
+//! real kube-rs client watching the fake API server (`ambit_e2e::kube`) over HTTPS, node
+//! proxies authenticating with projected-token files checked by TokenReview, and pods
+//! wired by the real CNI plugins chained with `ambit-cni`. Run as root.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure
+
+use ambit_e2e::cni::{Cluster, CniPod};
+use ambit_e2e::kube::{FakeKube, TokenIdentity};
+use ambit_e2e::{csr, http_get, node_token, raw_certify, ControlPlane, NodeProxy};
+use ambit_proxy::netns::Netns;
+use ambit_proxy::proxy::Redirect;
+use serde_json::{json, Value};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const CNI: &str = env!("CARGO_BIN_EXE_ambit-cni-e2e");
+const WEB_ID: &str = "spiffe://cluster.local/ns/shop/sa/web";
+const CLI_ID: &str = "spiffe://cluster.local/ns/shop/sa/cli";
+
+fn namespace(name: &str, meshed: bool) -> Value {
+    let annotations = if meshed {
+        json!({"ambit.dev/mesh": "enabled"})
+    } else {
+        json!({})
+    };
+    json!({"apiVersion": "v1", "kind": "Namespace",
+           "metadata": {"name": name, "annotations": annotations}})
+}
+
+fn service_account(ns: &str, name: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "ServiceAccount",
+           "metadata": {"name": name, "namespace": ns}})
+}
+
+/// A pod on `node` running as `sa`; `ip` once the kubelet has reported it.
+fn pod(ns: &str, name: &str, node: &str, sa: &str, ip: Option<&str>) -> Value {
+    let status = match ip {
+        Some(ip) => json!({"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]}),
+        None => json!({"phase": "Pending"}),
+    };
+    json!({"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": name, "namespace": ns, "uid": format!("uid-{ns}-{name}")},
+           "spec": {"nodeName": node, "serviceAccountName": sa,
+                    "containers": [{"name": "app", "image": "app"}]},
+           "status": status})
+}
+
+/// The control plane's view of the cluster and the node proxies, as a Helm install would
+/// leave it: the `ambit` namespace with the proxies' ServiceAccount and one proxy pod per
+/// node, whose projected token the proxy reads from its token file.
+fn install(fake: &FakeKube, nodes: &[&str]) {
+    fake.apply(namespace("ambit", false));
+    fake.apply(service_account("ambit", "ambit-proxy"));
+    for node in nodes {
+        let name = format!("ambit-proxy-{node}");
+        fake.apply(pod("ambit", &name, node, "ambit-proxy", Some("192.0.2.1")));
+        fake.add_pod_token(&node_token(node), "ambit", &name, &["ambit"]);
+    }
+}
+
+fn app(fake: &FakeKube) {
+    fake.apply(namespace("shop", true));
+    fake.apply(namespace("legacy", false));
+    for sa in ["web", "cli", "batch", "late"] {
+        fake.apply(service_account("shop", sa));
+    }
+    fake.apply(pod("shop", "cli", "node-a", "cli", Some("10.78.1.10")));
+    fake.apply(pod("shop", "web", "node-b", "web", None));
+    fake.apply(pod("shop", "batch", "node-a", "batch", Some("10.78.1.30")));
+    fake.apply(json!({"apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "web", "namespace": "shop"},
+        "spec": {"clusterIP": "10.96.0.10", "clusterIPs": ["10.96.0.10"],
+                 "ports": [{"name": "http", "port": 80}]}}));
+    fake.apply(
+        json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": "web-1", "namespace": "shop",
+                     "labels": {"kubernetes.io/service-name": "web"}},
+        "addressType": "IPv4",
+        "ports": [{"name": "http", "port": 8080}],
+        "endpoints": [{"addresses": ["10.78.2.10"],
+                       "targetRef": {"kind": "Pod", "name": "web", "namespace": "shop"}}]}),
+    );
+}
+
+async fn kube_control_plane(fake: &FakeKube, extra: &[&str]) -> (ControlPlane, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    fake.kubeconfig(&kubeconfig);
+    (ControlPlane::start_kube(&kubeconfig, extra).await, dir)
+}
+
+fn metric(metrics: &str, name_and_labels: &str) -> f64 {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with(name_and_labels))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+fn metric_sum(metrics: &str, name: &str, labels: &[&str]) -> f64 {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with(name) && labels.iter().all(|want| l.contains(want)))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Waits until `f` holds, up to 10 s.
+async fn eventually<F, Fut>(what: &str, mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    for _ in 0..200 {
+        if f().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("timed out waiting for: {what}");
+}
+
+async fn certify_code(cp: &ControlPlane, node: &str, ns: &str, sa: &str) -> tonic::Code {
+    match raw_certify(cp, Some(&node_token(node)), ns, sa, csr()).await {
+        Ok(_) => tonic::Code::Ok,
+        Err(s) => s.code(),
+    }
+}
+
+async fn http_server(netns: &Netns, port: u16, body: &'static str) {
+    let listener = netns
+        .bind(SocketAddr::from(([0, 0, 0, 0], port)))
+        .await
+        .unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 4096];
+                let mut head = Vec::new();
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let reply = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = s.write_all(reply.as_bytes()).await;
+                let _ = s.shutdown().await;
+            });
+        }
+    });
+}
+
+async fn add_pod(c: &Arc<Cluster>, node: &str, ns: &str, name: &str, host: u8) -> CniPod {
+    let (c, node, ns, name) = (
+        c.clone(),
+        node.to_string(),
+        ns.to_string(),
+        name.to_string(),
+    );
+    tokio::task::spawn_blocking(move || c.add_pod(&node, &ns, &name, host))
+        .await
+        .unwrap()
+        .unwrap_or_else(|e| panic!("CNI ADD failed: {e}"))
+}
+
+async fn curl(c: &Arc<Cluster>, pod: &CniPod, url: &str) -> Result<(u16, String), String> {
+    let (c, pod, url) = (c.clone(), pod.clone(), url.to_string());
+    tokio::task::spawn_blocking(move || c.curl(&pod, &url))
+        .await
+        .unwrap()
+}
+
+/// Curls `url` from `pod` until it answers through the mesh (client proxy `a` counts an
+/// mTLS response from web).
+async fn curl_through_mesh(c: &Arc<Cluster>, a: &NodeProxy, pod: &CniPod, url: &str) {
+    let mesh = |m: &str| {
+        metric_sum(
+            m,
+            "response_total",
+            &[
+                &format!("server_id=\"{WEB_ID}\""),
+                "tls=\"true\"",
+                "status_code=\"200\"",
+            ],
+        )
+    };
+    let mut got = Err(String::new());
+    for _ in 0..100 {
+        let before = mesh(&a.metrics().await);
+        got = curl(c, pod, url).await;
+        if matches!(&got, Ok((200, _))) && mesh(&a.metrics().await) > before {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("{url}: never through the mesh: {got:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_from_the_api_server_are_meshed_and_the_watch_survives_an_api_server_restart() {
+    ambit_e2e::init_test_logging();
+    let fake = FakeKube::start().await;
+    install(&fake, &["node-a", "node-b"]);
+    app(&fake);
+    let (cp, _kubeconfig) = kube_control_plane(&fake, &[]).await;
+    let m = cp.metrics().await;
+    assert_eq!(metric(&m, "kube_objects{kind=\"Pod\"}"), 5.0, "{m}");
+
+    let c = Arc::new(Cluster::new(
+        "kube-e2e",
+        &["node-a", "node-b"],
+        Path::new(CNI),
+    ));
+    let a = NodeProxy::start_config(c.node("node-a").proxy_config(&cp, Redirect::Ebpf)).await;
+    let b = NodeProxy::start_config(c.node("node-b").proxy_config(&cp, Redirect::Ebpf)).await;
+    let web = add_pod(&c, "node-b", "shop", "web", 10).await;
+    let cli = add_pod(&c, "node-a", "shop", "cli", 10).await;
+    // The kubelet reports web's address.
+    fake.apply(pod("shop", "web", "node-b", "web", Some("10.78.2.10")));
+    let web_ns = Netns::open(Path::new(&web.path())).unwrap();
+    http_server(&web_ns, 8080, "hello from web").await;
+
+    // Certificates came from TokenReview-authenticated proxies; traffic is mTLS.
+    curl_through_mesh(&c, &a, &cli, "http://10.96.0.10/").await;
+    let mb = b.metrics().await;
+    let inbound = [
+        "direction=\"inbound\"",
+        "pod=\"web\"",
+        &format!("client_id=\"{CLI_ID}\""),
+        "tls=\"true\"",
+    ];
+    assert!(metric_sum(&mb, "request_total", &inbound) >= 1.0, "{mb}");
+
+    // Renewals do not hammer the API server: a recent review is reused.
+    let reviews = fake.token_reviews();
+    for _ in 0..5 {
+        assert_eq!(
+            certify_code(&cp, "node-a", "shop", "batch").await,
+            tonic::Code::Ok
+        );
+    }
+    assert_eq!(fake.token_reviews(), reviews, "answers are cached");
+    assert!(
+        metric(
+            &cp.metrics().await,
+            "kube_token_reviews_total{result=\"cached\"}"
+        ) >= 5.0
+    );
+
+    // A deleted pod is dropped: its node may no longer obtain its identity.
+    fake.delete("Pod", "shop", "batch");
+    eventually("batch's identity revoked", || async {
+        certify_code(&cp, "node-a", "shop", "batch").await == tonic::Code::PermissionDenied
+    })
+    .await;
+
+    // The API server goes away; meanwhile a pod is created and one deleted, and the
+    // history is compacted, so the watches' resourceVersions are 410 Gone on return.
+    let lists_before = fake.requests("list", "pods");
+    fake.go_down();
+    fake.apply(pod("shop", "late", "node-a", "late", Some("10.78.1.40")));
+    fake.delete("Pod", "shop", "cli");
+    fake.compact();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    fake.come_up();
+    eventually("a re-list after 410 Gone", || async {
+        metric(
+            &cp.metrics().await,
+            "kube_watch_restarts_total{kind=\"Pod\"}",
+        ) >= 1.0
+    })
+    .await;
+    assert!(fake.requests("list", "pods") > lists_before);
+    eventually("the new pod's identity allowed", || async {
+        certify_code(&cp, "node-a", "shop", "late").await == tonic::Code::Ok
+    })
+    .await;
+    // cli was deleted while the watch was down: the re-list drops it.
+    assert_eq!(
+        certify_code(&cp, "node-a", "shop", "cli").await,
+        tonic::Code::PermissionDenied
+    );
+    let m = cp.metrics().await;
+    assert_eq!(metric(&m, "kube_objects{kind=\"Pod\"}"), 4.0, "{m}");
+
+    // Meshed traffic still flows once cli is back in the API.
+    fake.apply(pod("shop", "cli", "node-a", "cli", Some("10.78.1.10")));
+    curl_through_mesh(&c, &a, &cli, "http://10.78.2.10:8080/").await;
+
+    a.stop().await;
+    b.stop().await;
+    cp.stop().await;
+}
+
+#[tokio::test]
+async fn token_review_refusals_are_precise_grpc_statuses_and_are_counted() {
+    ambit_e2e::init_test_logging();
+    let fake = FakeKube::start().await;
+    install(&fake, &["node-a", "node-b"]);
+    app(&fake);
+    let (cp, _kubeconfig) = kube_control_plane(&fake, &[]).await;
+    let certify = |token: String, sa: &'static str| {
+        let cp = &cp;
+        async move { raw_certify(cp, Some(&token), "shop", sa, csr()).await }
+    };
+
+    // The right token: the proxy's pod on node-a may get node-a's identities.
+    assert!(certify(node_token("node-a"), "cli").await.is_ok());
+    // node-b's proxy may not get an identity only node-a runs.
+    let err = certify(node_token("node-b"), "cli").await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::PermissionDenied, "{err:?}");
+    assert!(err.message().contains("node node-b runs no pod"), "{err:?}");
+
+    // A token for another audience.
+    fake.add_pod_token(
+        "aud-token-0123456789",
+        "ambit",
+        "ambit-proxy-node-a",
+        &["vault"],
+    );
+    let err = certify("aud-token-0123456789".into(), "cli")
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unauthenticated, "{err:?}");
+
+    // A workload's own token (another ServiceAccount), bound to its pod.
+    fake.add_pod_token("cli-token-0123456789", "shop", "cli", &["ambit"]);
+    let err = certify("cli-token-0123456789".into(), "cli")
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::PermissionDenied, "{err:?}");
+    assert!(
+        err.message().contains("shop/cli is not the node proxies'"),
+        "{err:?}"
+    );
+
+    // The proxies' ServiceAccount, but a token bound to no pod.
+    fake.add_token(
+        "unbound-0123456789",
+        TokenIdentity::service_account("ambit", "ambit-proxy", &["ambit"]),
+    );
+    let err = certify("unbound-0123456789".into(), "cli")
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::PermissionDenied, "{err:?}");
+
+    // A token whose review names another node than its pod's.
+    let mut liar = fake.add_pod_token("liar-0123456789", "ambit", "ambit-proxy-node-a", &["ambit"]);
+    liar.node = Some("node-b".into());
+    fake.add_token("liar-0123456789", liar);
+    let err = certify("liar-0123456789".into(), "cli").await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::PermissionDenied, "{err:?}");
+    assert!(err.message().contains("names node node-b"), "{err:?}");
+
+    // A token the API server does not know.
+    let err = certify("nobody-0123456789".into(), "cli")
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unauthenticated, "{err:?}");
+
+    // Discovery: a proxy may only watch its own node.
+    let mut client = ambit_api::proto::discovery::discovery_client::DiscoveryClient::new(
+        cp.channel(&cp.discovery_url()),
+    );
+    let mut req = tonic::Request::new(ambit_api::proto::discovery::WatchRequest {
+        node: "node-a".into(),
+    });
+    req.metadata_mut().insert(
+        "authorization",
+        format!("Bearer {}", node_token("node-b")).parse().unwrap(),
+    );
+    let err = client.watch(req).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::PermissionDenied, "{err:?}");
+
+    let m = cp.metrics().await;
+    for reason in [
+        "token_rejected",
+        "wrong_service_account",
+        "not_bound_to_pod",
+        "node_mismatch",
+    ] {
+        assert!(
+            metric(
+                &m,
+                &format!("node_authentication_refused_total{{reason=\"{reason}\"}}")
+            ) >= 1.0,
+            "{reason} not counted:\n{m}"
+        );
+    }
+    assert!(
+        metric(
+            &m,
+            "identity_requests_refused_total{reason=\"permission_denied\"}"
+        ) >= 4.0,
+        "{m}"
+    );
+    assert_eq!(http_get(cp.admin_addr, "/ready").await.0, 200);
+    cp.stop().await;
+}
+
+#[tokio::test]
+async fn the_control_plane_is_ready_only_once_every_kind_has_listed() {
+    let fake = FakeKube::start().await;
+    install(&fake, &["node-a"]);
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    fake.kubeconfig(&kubeconfig);
+    // The API server is down at start: the control plane serves, but is not ready, and
+    // says what it waits for.
+    fake.go_down();
+    let start = tokio::spawn(async move { ControlPlane::start_kube(&kubeconfig, &[]).await });
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(!start.is_finished(), "ready without the API server");
+    fake.come_up();
+    let cp = start.await.unwrap();
+    let m = cp.metrics().await;
+    assert!(metric(&m, "kube_watch_errors_total") >= 1.0, "{m}");
+    assert_eq!(metric(&m, "kube_objects{kind=\"Pod\"}"), 1.0, "{m}");
+    cp.stop().await;
+}
