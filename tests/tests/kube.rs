@@ -36,6 +36,18 @@ fn service_account(ns: &str, name: &str) -> Value {
            "metadata": {"name": name, "namespace": ns}})
 }
 
+/// A well-formed pod UID of this run for `name` (enrolment matches it in cgroup paths).
+fn uid(name: &str) -> String {
+    let n = name
+        .bytes()
+        .fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(u64::from(b)));
+    format!(
+        "{:08x}-0000-4000-8000-{:012x}",
+        std::process::id(),
+        n & 0xffff_ffff_ffff
+    )
+}
+
 /// A pod on `node` running as `sa`; `ip` once the kubelet has reported it.
 fn pod(ns: &str, name: &str, node: &str, sa: &str, ip: Option<&str>) -> Value {
     let status = match ip {
@@ -43,7 +55,7 @@ fn pod(ns: &str, name: &str, node: &str, sa: &str, ip: Option<&str>) -> Value {
         None => json!({"phase": "Pending"}),
     };
     json!({"apiVersion": "v1", "kind": "Pod",
-           "metadata": {"name": name, "namespace": ns, "uid": format!("uid-{ns}-{name}")},
+           "metadata": {"name": name, "namespace": ns, "uid": uid(&format!("{ns}/{name}"))},
            "spec": {"nodeName": node, "serviceAccountName": sa,
                     "containers": [{"name": "app", "image": "app"}]},
            "status": status})
@@ -71,6 +83,13 @@ fn app(fake: &FakeKube) {
     fake.apply(pod("shop", "cli", "node-a", "cli", Some("10.78.1.10")));
     fake.apply(pod("shop", "web", "node-b", "web", None));
     fake.apply(pod("shop", "batch", "node-a", "batch", Some("10.78.1.30")));
+    fake.apply(pod(
+        "legacy",
+        "old",
+        "node-a",
+        "default",
+        Some("10.78.1.20"),
+    ));
     fake.apply(json!({"apiVersion": "v1", "kind": "Service",
         "metadata": {"name": "web", "namespace": "shop"},
         "spec": {"clusterIP": "10.96.0.10", "clusterIPs": ["10.96.0.10"],
@@ -205,14 +224,14 @@ async fn curl_through_mesh(c: &Arc<Cluster>, a: &NodeProxy, pod: &CniPod, url: &
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn pods_from_the_api_server_are_meshed_and_the_watch_survives_an_api_server_restart() {
+async fn pods_from_the_api_server_are_meshed_running_ones_by_annotation_and_the_watch_survives_an_api_server_restart() {
     ambit_e2e::init_test_logging();
     let fake = FakeKube::start().await;
     install(&fake, &["node-a", "node-b"]);
     app(&fake);
     let (cp, _kubeconfig) = kube_control_plane(&fake, &[]).await;
     let m = cp.metrics().await;
-    assert_eq!(metric(&m, "kube_objects{kind=\"Pod\"}"), 5.0, "{m}");
+    assert_eq!(metric(&m, "kube_objects{kind=\"Pod\"}"), 6.0, "{m}");
 
     let c = Arc::new(Cluster::new(
         "kube-e2e",
@@ -238,6 +257,34 @@ async fn pods_from_the_api_server_are_meshed_and_the_watch_survives_an_api_serve
         "tls=\"true\"",
     ];
     assert!(metric_sum(&mb, "request_total", &inbound) >= 1.0, "{mb}");
+
+    // A pod that runs before its namespace is annotated is meshed when it is, without a
+    // restart or a CNI ADD (the proxy finds its netns from /proc), and un-meshed when the
+    // annotation goes.
+    let old = add_pod(&c, "node-a", "legacy", "old", 20).await;
+    let _container = c.start_container(&old, &uid("legacy/old"));
+    assert!(!c.listeners(&old).contains(":4140"));
+    fake.apply(namespace("legacy", true));
+    eventually("old enrolled", || async {
+        a.metrics()
+            .await
+            .contains("pod_enrolments_total{result=\"enrolled\"} 1")
+    })
+    .await;
+    curl_through_mesh(&c, &a, &old, "http://10.96.0.10/").await;
+    let mb = b.metrics().await;
+    let from_old = [
+        "pod=\"web\"",
+        "client_id=\"spiffe://cluster.local/ns/legacy/sa/default\"",
+        "tls=\"true\"",
+    ];
+    assert!(metric_sum(&mb, "request_total", &from_old) >= 1.0, "{mb}");
+    fake.apply(namespace("legacy", false));
+    eventually("old un-meshed", || async {
+        a.metrics().await.contains("pod_enrolment_releases_total 1")
+            && !c.listeners(&old).contains(":4140")
+    })
+    .await;
 
     // Renewals do not hammer the API server: a recent review is reused.
     let reviews = fake.token_reviews();
@@ -289,7 +336,7 @@ async fn pods_from_the_api_server_are_meshed_and_the_watch_survives_an_api_serve
         tonic::Code::PermissionDenied
     );
     let m = cp.metrics().await;
-    assert_eq!(metric(&m, "kube_objects{kind=\"Pod\"}"), 4.0, "{m}");
+    assert_eq!(metric(&m, "kube_objects{kind=\"Pod\"}"), 5.0, "{m}");
 
     // Meshed traffic still flows once cli is back in the API.
     fake.apply(pod("shop", "cli", "node-a", "cli", Some("10.78.1.10")));
