@@ -208,7 +208,7 @@ impl Control {
                 tls::incoming(listeners.identity, acceptor.clone()),
                 drained(),
             );
-        let publisher = tokio::spawn(self.discovery.publisher(drained()));
+        let publisher = tokio::spawn(self.discovery.publisher(ready.clone(), drained()));
         let discovery = tonic::transport::Server::builder()
             .add_service(self.discovery.with_drain(drain_rx2).into_server())
             .serve_with_incoming_shutdown(tls::incoming(listeners.discovery, acceptor), drained());

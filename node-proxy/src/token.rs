@@ -185,6 +185,7 @@ impl TokenFile {
                 return state.token.clone();
             }
         }
+        let before = now.as_ref().ok().copied();
         let read = now
             .map_err(|source| TokenError::Read {
                 path: self.path.clone(),
@@ -203,8 +204,10 @@ impl TokenFile {
             Err(error) => {
                 // Content that is unusable is not read again until the file changes; a
                 // file that could not be read (mid-swap) is tried again next time.
+                // The fingerprint is the one taken before the read: a file swapped in
+                // since is new, and is read next time.
                 if matches!(error, TokenError::Unusable { .. }) {
-                    state.seen = fingerprint(&self.path).ok();
+                    state.seen = before;
                 }
                 self.metrics.failures.inc();
                 tracing::warn!(%error, "node token file unusable; keeping the last good token");

@@ -60,11 +60,15 @@ impl DiscoveryService {
     }
 
     /// Renders the index once per change for every stream; runs until `shutdown`.
+    /// Streams wait until `ready` (the backend has loaded everything).
     pub fn publisher(
         &self,
+        ready: crate::ready::Readiness,
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> impl std::future::Future<Output = ()> + Send + 'static {
-        self.publisher.clone().run(self.index.clone(), shutdown)
+        self.publisher
+            .clone()
+            .run(self.index.clone(), ready, shutdown)
     }
 
     /// The tonic server for this service.
@@ -144,6 +148,11 @@ async fn stream_updates(
     tx: &mpsc::Sender<Result<Update, Status>>,
     metrics: &DiscoveryMetrics,
 ) {
+    // Nothing until the backend has loaded the whole cluster once.
+    tokio::select! {
+        _ = publisher.started() => {}
+        _ = tx.closed() => return,
+    }
     let mut deltas = publisher.subscribe();
     let start = publisher.latest();
     tracing::info!(%node, workloads = start.view.workloads.len(), services = start.view.services.len(), "discovery stream opened");

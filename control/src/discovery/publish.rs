@@ -12,10 +12,11 @@
 
 use super::state::{diff, snapshot, NodeView};
 use crate::index::SharedIndex;
+use crate::ready::Readiness;
 use ambit_api::proto::discovery as pb;
 use std::future::Future;
 use std::sync::{Arc, PoisonError, RwLock};
-use tokio::sync::broadcast;
+use tokio::sync::{broadcast, watch};
 
 /// How many deltas a stream may fall behind before it is sent a snapshot instead.
 pub(super) const DELTA_BUFFER: usize = 256;
@@ -37,6 +38,10 @@ pub type Delta = (u64, Arc<pb::Update>);
 pub struct Publisher {
     latest: Arc<RwLock<Arc<Rendering>>>,
     deltas: broadcast::Sender<Delta>,
+    /// Whether the backend has loaded everything once: until then nothing is served
+    /// (a cluster half listed — Pods before their Namespaces — would tell every proxy
+    /// that its pods are not meshed).
+    started: Arc<watch::Sender<bool>>,
 }
 
 impl Publisher {
@@ -46,7 +51,25 @@ impl Publisher {
         Self {
             latest: Arc::new(RwLock::new(Arc::new(Rendering { version: 0, view }))),
             deltas: broadcast::channel(DELTA_BUFFER).0,
+            started: Arc::new(watch::Sender::new(false)),
         }
+    }
+
+    /// Renders the index as it is now and opens the streams waiting in
+    /// [`Self::started`]. Call once the backend has loaded everything.
+    pub fn start(&self, index: &SharedIndex) {
+        let view = snapshot(&index.read());
+        let version = self.latest().version;
+        *self.latest.write().unwrap_or_else(PoisonError::into_inner) =
+            Arc::new(Rendering { version, view });
+        self.started.send_replace(true);
+    }
+
+    /// Resolves once [`Self::start`] has run.
+    pub async fn started(&self) {
+        let mut rx = self.started.subscribe();
+        // The sender lives as long as `self`: this cannot fail.
+        let _ = rx.wait_for(|s| *s).await;
     }
 
     /// The latest rendering.
@@ -63,12 +86,22 @@ impl Publisher {
         self.deltas.subscribe()
     }
 
-    /// Renders `index` after every change until `shutdown` resolves.
-    pub async fn run(self, index: SharedIndex, shutdown: impl Future<Output = ()>) {
-        let mut changes = index.subscribe();
-        // A change between `new` and now must not be missed: render once more.
-        changes.mark_changed();
+    /// Once `ready` (the backend has loaded everything), starts, then renders `index`
+    /// after every change until `shutdown` resolves.
+    pub async fn run(
+        self,
+        index: SharedIndex,
+        ready: Readiness,
+        shutdown: impl Future<Output = ()>,
+    ) {
         tokio::pin!(shutdown);
+        tokio::select! {
+            _ = &mut shutdown => return,
+            _ = ready.ready() => {}
+        }
+        let mut changes = index.subscribe();
+        changes.mark_unchanged();
+        self.start(&index);
         loop {
             tokio::select! {
                 _ = &mut shutdown => return,

@@ -76,6 +76,7 @@ impl Receiver {
 async fn a_stream_that_falls_behind_gets_a_snapshot_and_ends_up_current() {
     let index = index();
     let publisher = Publisher::new(&index);
+    publisher.start(&index);
     let metrics = DiscoveryMetrics::default();
     // A client that reads nothing for now: the stream blocks on its first send.
     let (tx, mut rx) = mpsc::channel(1);
@@ -139,4 +140,48 @@ fn a_snapshot_goes_in_bounded_chunks_that_add_up_to_the_cluster() {
     let chunks: Vec<Update> = empty.snapshot_chunks(4).collect();
     assert_eq!(chunks.len(), 1);
     assert!(chunks[0].snapshot && !chunks[0].more);
+}
+
+#[tokio::test]
+async fn nothing_is_streamed_until_the_backend_has_loaded_the_cluster() {
+    let index = index();
+    let publisher = Publisher::new(&index);
+    let ready = crate::ready::Readiness::default();
+    ready.pending("initial list of Namespace");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn(publisher.clone().run(index.clone(), ready.clone(), async {
+        let _ = stopped.await;
+    }));
+    let (tx, mut rx) = mpsc::channel(16);
+    let stream = {
+        let publisher = publisher.clone();
+        tokio::spawn(async move {
+            stream_updates(&publisher, "node-a", &tx, &DiscoveryMetrics::default()).await
+        })
+    };
+    // Pods listed, Namespaces not yet: a proxy would see its pods as not meshed.
+    index.apply(pod(1)).unwrap_or_else(|e| panic!("{e}"));
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    assert!(
+        rx.try_recv().is_err(),
+        "a snapshot of a half-listed cluster was sent"
+    );
+    ready.done("initial list of Namespace");
+    let first = tokio::time::timeout(std::time::Duration::from_secs(5), rx.recv())
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap_or_else(|| panic!("stream ended"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(first.snapshot && first.workloads.len() == 1);
+    // Later changes arrive as deltas.
+    index.apply(pod(2)).unwrap_or_else(|e| panic!("{e}"));
+    let next = tokio::time::timeout(std::time::Duration::from_secs(5), rx.recv())
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap_or_else(|| panic!("stream ended"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(!next.snapshot && next.workloads.len() == 1);
+    let _ = stop.send(());
+    let _ = run.await;
+    stream.abort();
 }

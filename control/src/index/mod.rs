@@ -143,20 +143,15 @@ impl ClusterIndex {
 
     /// Replaces every object of `kind` with `objects` (a watcher's re-list: objects of
     /// that kind deleted meanwhile disappear; other kinds are untouched). Objects that do
-    /// not convert, or are of another kind, are skipped and returned; the rest apply.
+    /// not convert, or are of another kind, are skipped and returned; one that was there
+    /// before keeps its last good version, as an update that does not convert does.
     pub fn reset(
         &mut self,
         kind: Kind,
         objects: impl IntoIterator<Item = KubeObject>,
     ) -> Vec<ConvertError> {
-        match kind {
-            Kind::Namespace => self.namespaces.clear(),
-            Kind::Pod => self.pods.clear(),
-            Kind::ServiceAccount => self.service_accounts.clear(),
-            Kind::Service => self.services.clear(),
-            Kind::EndpointSlice => self.endpoint_slices.clear(),
-        }
         let mut errors = Vec::new();
+        let mut listed = std::collections::BTreeSet::new();
         for obj in objects {
             if obj.kind() != kind {
                 errors.push(ConvertError {
@@ -166,9 +161,21 @@ impl ClusterIndex {
                 });
                 continue;
             }
+            let r = obj.object_ref();
+            listed.insert((r.namespace.unwrap_or_default(), r.name));
             if let Err(e) = self.apply(obj) {
                 errors.push(e);
             }
+        }
+        let keep = |key: &(String, String)| listed.contains(key);
+        match kind {
+            Kind::Namespace => self
+                .namespaces
+                .retain(|name, _| keep(&(String::new(), name.clone()))),
+            Kind::Pod => self.pods.retain(|k, _| keep(k)),
+            Kind::ServiceAccount => self.service_accounts.retain(|k, _| keep(k)),
+            Kind::Service => self.services.retain(|k, _| keep(k)),
+            Kind::EndpointSlice => self.endpoint_slices.retain(|k, _| keep(k)),
         }
         errors
     }

@@ -223,15 +223,24 @@ spec: {nodeName: node-a, containers: []}
 status: {podIP: 10.1.0.999}
 ---
 apiVersion: v1
+kind: Pod
+metadata: {name: pilot, namespace: legacy, annotations: {ambit.dev/mesh: maybe}}
+spec: {nodeName: node-b, serviceAccountName: pilot, containers: []}
+---
+apiVersion: v1
 kind: Namespace
 metadata: {name: stray}
 "#,
     );
     let errors = idx.reset(Kind::Pod, relist);
-    assert_eq!(errors.len(), 2, "{errors:?}");
+    assert_eq!(errors.len(), 3, "{errors:?}");
     assert_eq!(errors[0].field, "status.podIP");
-    assert!(errors[1].message.contains("re-list of Pod"), "{errors:?}");
-    assert_eq!(idx.count(Kind::Pod), 1);
+    assert!(errors[1].field.contains("ambit.dev/mesh"), "{errors:?}");
+    assert!(errors[2].message.contains("re-list of Pod"), "{errors:?}");
+    // batch, and pilot as it was before its re-listed version went bad (still meshed).
+    assert_eq!(idx.count(Kind::Pod), 2);
+    assert!(idx.workload_by_name("legacy", "pilot").unwrap().meshed);
+    assert!(idx.workload_by_name("shop", "broken").is_none());
     assert!(idx.workload_by_name("shop", "web-0").is_none());
     assert!(idx.workload_by_name("shop", "batch").is_some());
     // Other kinds are untouched; the stray Namespace was not applied.

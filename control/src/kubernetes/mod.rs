@@ -8,6 +8,7 @@
 //! The client comes from `--kubeconfig` (or `KUBECONFIG`), else the in-cluster
 //! configuration (the pod's ServiceAccount), as kubectl and client-go find it.
 
+mod cache;
 mod metrics;
 pub mod tokenreview;
 mod watch;
@@ -21,11 +22,13 @@ use crate::config::Config;
 use crate::index::{ClusterIndex, Kind, KubeObject, SharedIndex};
 use crate::ready::Readiness;
 use crate::StartError;
+use futures::FutureExt;
 use k8s_openapi::api::core::v1::{Namespace, Pod, Service, ServiceAccount};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::Api;
 use prometheus_client::registry::Registry;
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::Arc;
 use watch::{pending_label, watch, WatchContext};
@@ -64,44 +67,54 @@ impl KubeBackend {
             metrics,
         })
     }
+}
 
-    /// One watch per kind. Adding a kind is one line here (and its conversion).
-    fn watches(&self, cx: &WatchContext) -> Vec<Pin<Box<dyn Future<Output = ()> + Send>>> {
-        let c = &self.client;
-        vec![
-            Box::pin(watch(
-                Api::<Namespace>::all(c.clone()),
-                Kind::Namespace,
-                KubeObject::Namespace,
-                cx.clone(),
-            )),
-            Box::pin(watch(
-                Api::<Pod>::all(c.clone()),
-                Kind::Pod,
-                KubeObject::Pod,
-                cx.clone(),
-            )),
-            Box::pin(watch(
-                Api::<ServiceAccount>::all(c.clone()),
-                Kind::ServiceAccount,
-                KubeObject::ServiceAccount,
-                cx.clone(),
-            )),
-            Box::pin(watch(
-                Api::<Service>::all(c.clone()),
-                Kind::Service,
-                KubeObject::Service,
-                cx.clone(),
-            )),
-            Box::pin(watch(
-                Api::<EndpointSlice>::all(c.clone()),
-                Kind::EndpointSlice,
-                KubeObject::EndpointSlice,
-                cx.clone(),
-            )),
-        ]
+/// One kind's watch. Adding a kind is one line here (and its conversion in the index).
+fn watch_kind(
+    c: &kube::Client,
+    kind: Kind,
+    cx: WatchContext,
+) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+    let c = c.clone();
+    match kind {
+        Kind::Namespace => Box::pin(watch(
+            Api::<Namespace>::all(c),
+            kind,
+            KubeObject::Namespace,
+            cx,
+        )),
+        Kind::Pod => Box::pin(watch(Api::<Pod>::all(c), kind, KubeObject::Pod, cx)),
+        Kind::ServiceAccount => Box::pin(watch(
+            Api::<ServiceAccount>::all(c),
+            kind,
+            KubeObject::ServiceAccount,
+            cx,
+        )),
+        Kind::Service => Box::pin(watch(Api::<Service>::all(c), kind, KubeObject::Service, cx)),
+        Kind::EndpointSlice => Box::pin(watch(
+            Api::<EndpointSlice>::all(c),
+            kind,
+            KubeObject::EndpointSlice,
+            cx,
+        )),
     }
 }
+
+/// Runs one kind's watch for ever: a watch that ends or panics (a bug: kube-rs retries
+/// errors itself) is logged, counted and started again, which re-lists the kind.
+async fn supervise(client: kube::Client, kind: Kind, cx: WatchContext) {
+    loop {
+        let ended = AssertUnwindSafe(watch_kind(&client, kind, cx.clone()))
+            .catch_unwind()
+            .await;
+        tracing::error!(%kind, panicked = ended.is_err(), "watch ended; starting it again");
+        cx.metrics.error(kind);
+        tokio::time::sleep(WATCH_RESTART_DELAY).await;
+    }
+}
+
+/// How long a watch that ended waits before it starts again.
+const WATCH_RESTART_DELAY: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl std::fmt::Debug for KubeBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -150,11 +163,11 @@ impl Backend for KubeBackend {
             metrics: self.metrics.clone(),
             ready,
         };
-        let watches = self.watches(&cx);
+        let client = self.client.clone();
         Box::pin(async move {
             let mut tasks = tokio::task::JoinSet::new();
-            for w in watches {
-                tasks.spawn(w);
+            for kind in Kind::ALL {
+                tasks.spawn(supervise(client.clone(), kind, cx.clone()));
             }
             shutdown.await;
             tasks.shutdown().await;

@@ -11,6 +11,7 @@
 //! itself is never kept), in a bounded map, so that certificate renewals do not each cost
 //! an API call. "The API server could not be asked" is never cached.
 
+use super::cache::ReviewCache;
 use super::metrics::KubeMetrics;
 use crate::auth::{token_digest, AuthFuture, NodeAuthenticator, Refusal};
 use crate::index::SharedIndex;
@@ -18,7 +19,6 @@ use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec, TokenRe
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::PostParams;
 use kube::Api;
-use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 use tokio::time::Instant;
@@ -35,9 +35,6 @@ const CACHE_CAPACITY: usize = 4096;
 /// The longest a refusal is reused (a fixed token should work again soon).
 const REFUSAL_TTL: Duration = Duration::from_secs(5);
 
-/// A review's answer and until when it is reused.
-type CachedAnswer = (Instant, Result<String, Refusal>);
-
 /// Who node proxies are and how to ask the API server.
 pub struct TokenReviewAuth {
     client: kube::Client,
@@ -46,7 +43,7 @@ pub struct TokenReviewAuth {
     proxy_account: (String, String),
     index: SharedIndex,
     ttl: Duration,
-    cache: Mutex<HashMap<[u8; 32], CachedAnswer>>,
+    cache: Mutex<ReviewCache>,
     metrics: KubeMetrics,
 }
 
@@ -66,7 +63,7 @@ impl TokenReviewAuth {
             proxy_account,
             index,
             ttl,
-            cache: Mutex::new(HashMap::new()),
+            cache: Mutex::new(ReviewCache::new(CACHE_CAPACITY)),
             metrics,
         }
     }
@@ -94,73 +91,22 @@ impl TokenReviewAuth {
 
     fn cached(&self, key: &[u8; 32]) -> Option<Result<String, Refusal>> {
         let cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
-        cache
-            .get(key)
-            .filter(|(expires, _)| *expires > Instant::now())
-            .map(|(_, answer)| answer.clone())
+        cache.get(key, Instant::now())
     }
 
     fn remember(&self, key: [u8; 32], ttl: Duration, answer: Result<String, Refusal>) {
-        let now = Instant::now();
         let mut cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
-        if cache.len() >= CACHE_CAPACITY {
-            cache.retain(|_, (expires, _)| *expires > now);
-        }
-        if cache.len() >= CACHE_CAPACITY {
-            if let Some(oldest) = cache.iter().min_by_key(|(_, (e, _))| *e).map(|(k, _)| *k) {
-                cache.remove(&oldest);
-            }
-        }
-        cache.insert(key, (now + ttl, answer));
+        cache.put(key, answer, ttl, Instant::now());
     }
 
     async fn review(&self, token: &str) -> Result<String, Refusal> {
         let status = self.ask(token).await?;
-        let (ns, sa) = self.proxy_account_of(&status)?;
-        let extra = |key: &str| {
-            status
-                .user
-                .as_ref()
-                .and_then(|u| u.extra.as_ref())
-                .and_then(|e| e.get(key))
-                .and_then(|v| v.first())
-                .cloned()
-                .filter(|v| !v.is_empty())
-        };
-        let (Some(pod_name), Some(pod_uid)) = (extra(POD_NAME_EXTRA), extra(POD_UID_EXTRA)) else {
-            return Err(Refusal::denied(
-                "not_bound_to_pod",
-                format!("the token of {ns}/{sa} is not bound to a pod; mount a projected ServiceAccount token (audience {:?}) in the node proxy", self.audience),
-            ));
-        };
-        let (uid, node) = self.pod(&ns, &pod_name).await?;
-        if uid.as_deref() != Some(pod_uid.as_str()) {
-            return Err(Refusal::denied(
-                "pod_uid_mismatch",
-                format!("the token was issued to an earlier pod named {ns}/{pod_name} (UID {pod_uid}); the proxy must re-read its token"),
-            ));
-        }
-        let Some(node) = node else {
-            return Err(Refusal::denied(
-                "pod_not_scheduled",
-                format!("pod {ns}/{pod_name} is not scheduled on a node"),
-            ));
-        };
-        if let Some(claimed) = extra(NODE_NAME_EXTRA) {
-            if claimed != node {
-                return Err(Refusal::denied(
-                    "node_mismatch",
-                    format!(
-                        "the token names node {claimed} but pod {ns}/{pod_name} runs on {node}"
-                    ),
-                ));
-            }
-        }
-        Ok(node)
+        let claim = judge(&status, &self.audience, &self.proxy_account)?;
+        let (uid, node) = self.pod(&claim).await?;
+        bind(&claim, uid.as_deref(), node)
     }
 
-    /// Asks the API server; `Unavailable` when it cannot answer, `Unauthenticated` when
-    /// it does not vouch for the token for our audience.
+    /// Asks the API server; `Unavailable` when it cannot answer.
     async fn ask(&self, token: &str) -> Result<TokenReviewStatus, Refusal> {
         let review = TokenReview {
             spec: TokenReviewSpec {
@@ -180,61 +126,24 @@ impl TokenReviewAuth {
                     format!("cannot check the node token with the API server now ({e}); retry"),
                 )
             })?;
-        let status = answer.status.unwrap_or_default();
-        if status.authenticated != Some(true) {
-            let why = status.error.unwrap_or_else(|| "no reason given".into());
-            return Err(Refusal::unauthenticated(
-                "token_rejected",
-                format!(
-                    "the API server does not accept the node token for audience {:?}: {why}",
-                    self.audience
-                ),
-            ));
-        }
-        let audiences = status.audiences.as_deref().unwrap_or_default();
-        if !audiences.is_empty() && !audiences.contains(&self.audience) {
-            return Err(Refusal::unauthenticated(
-                "wrong_audience",
-                format!("the node token is not for audience {:?}", self.audience),
-            ));
-        }
-        Ok(status)
+        Ok(answer.status.unwrap_or_default())
     }
 
-    /// The reviewed user as (namespace, ServiceAccount), if it is the node proxies'.
-    fn proxy_account_of(&self, status: &TokenReviewStatus) -> Result<(String, String), Refusal> {
-        let username = status
-            .user
-            .as_ref()
-            .and_then(|u| u.username.as_deref())
-            .unwrap_or_default();
-        let Some((ns, sa)) = username
-            .strip_prefix("system:serviceaccount:")
-            .and_then(|rest| rest.split_once(':'))
-        else {
-            return Err(Refusal::denied(
-                "not_a_service_account",
-                format!(
-                    "{username:?} is not a ServiceAccount; node proxies authenticate as {}/{}",
-                    self.proxy_account.0, self.proxy_account.1
-                ),
-            ));
-        };
-        if (ns, sa) != (self.proxy_account.0.as_str(), self.proxy_account.1.as_str()) {
-            return Err(Refusal::denied(
-                "wrong_service_account",
-                format!("ServiceAccount {ns}/{sa} is not the node proxies' ({}/{}); only node proxies may ask for certificates", self.proxy_account.0, self.proxy_account.1),
-            ));
+    /// The UID and node of the claim's pod: from the index when it agrees with the
+    /// token, else (a pod newer than the watch, or an index that is behind) from the API
+    /// server, so that a stale index never refuses a good token.
+    async fn pod(&self, claim: &Claim) -> Result<(Option<String>, Option<String>), Refusal> {
+        let indexed = self
+            .index
+            .read()
+            .workload_by_name(&claim.namespace, &claim.pod_name)
+            .map(|w| (w.pod.uid, w.pod.node_name));
+        if let Some((Some(uid), Some(node))) = &indexed {
+            if *uid == claim.pod_uid {
+                return Ok((Some(uid.clone()), Some(node.clone())));
+            }
         }
-        Ok((ns.to_string(), sa.to_string()))
-    }
-
-    /// The pod's UID and node: from the index, else (a proxy pod newer than the watch)
-    /// from the API server.
-    async fn pod(&self, ns: &str, name: &str) -> Result<(Option<String>, Option<String>), Refusal> {
-        if let Some(w) = self.index.read().workload_by_name(ns, name) {
-            return Ok((w.pod.uid, w.pod.node_name));
-        }
+        let (ns, name) = (&claim.namespace, &claim.pod_name);
         let api: Api<Pod> = Api::namespaced(self.client.clone(), ns);
         match api.get_opt(name).await {
             Ok(Some(pod)) => Ok((
@@ -253,6 +162,103 @@ impl TokenReviewAuth {
     }
 }
 
+/// What a reviewed token claims: the proxies' ServiceAccount, bound to a pod.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Claim {
+    namespace: String,
+    pod_name: String,
+    pod_uid: String,
+    /// The `node-name` extra (Kubernetes 1.32+), if the review carries it.
+    node: Option<String>,
+}
+
+/// Judges a review: authenticated for `audience` (listed explicitly: an empty list means
+/// the API server's own audience), the proxies' ServiceAccount, bound to a pod.
+fn judge(
+    status: &TokenReviewStatus,
+    audience: &str,
+    proxy_account: &(String, String),
+) -> Result<Claim, Refusal> {
+    if status.authenticated != Some(true) {
+        let why = status.error.as_deref().unwrap_or("no reason given");
+        return Err(Refusal::unauthenticated(
+            "token_rejected",
+            format!(
+                "the API server does not accept the node token for audience {audience:?}: {why}"
+            ),
+        ));
+    }
+    if !status.audiences.iter().flatten().any(|a| a == audience) {
+        return Err(Refusal::unauthenticated(
+            "wrong_audience",
+            format!("the node token is not for audience {audience:?}; project the proxy's token with `audience: {audience}`"),
+        ));
+    }
+    let user = status.user.as_ref();
+    let username = user.and_then(|u| u.username.as_deref()).unwrap_or_default();
+    let (want_ns, want_sa) = proxy_account;
+    let Some((ns, sa)) = username
+        .strip_prefix("system:serviceaccount:")
+        .and_then(|rest| rest.split_once(':'))
+    else {
+        return Err(Refusal::denied(
+            "not_a_service_account",
+            format!("{username:?} is not a ServiceAccount; node proxies authenticate as {want_ns}/{want_sa}"),
+        ));
+    };
+    if (ns, sa) != (want_ns.as_str(), want_sa.as_str()) {
+        return Err(Refusal::denied(
+            "wrong_service_account",
+            format!("ServiceAccount {ns}/{sa} is not the node proxies' ({want_ns}/{want_sa}); only node proxies may ask for certificates"),
+        ));
+    }
+    let extra = |key: &str| {
+        user.and_then(|u| u.extra.as_ref())
+            .and_then(|e| e.get(key))
+            .and_then(|v| v.first())
+            .filter(|v| !v.is_empty())
+            .cloned()
+    };
+    let (Some(pod_name), Some(pod_uid)) = (extra(POD_NAME_EXTRA), extra(POD_UID_EXTRA)) else {
+        return Err(Refusal::denied(
+            "not_bound_to_pod",
+            format!("the token of {ns}/{sa} is not bound to a pod; mount a projected ServiceAccount token (audience {audience:?}) in the node proxy"),
+        ));
+    };
+    Ok(Claim {
+        namespace: ns.to_string(),
+        pod_name,
+        pod_uid,
+        node: extra(NODE_NAME_EXTRA),
+    })
+}
+
+/// The node of the claim's pod, given the pod's current UID and node.
+fn bind(claim: &Claim, uid: Option<&str>, node: Option<String>) -> Result<String, Refusal> {
+    let (ns, pod) = (&claim.namespace, &claim.pod_name);
+    if uid != Some(claim.pod_uid.as_str()) {
+        return Err(Refusal::denied(
+            "pod_uid_mismatch",
+            format!("the token was issued to an earlier pod named {ns}/{pod} (UID {}); the proxy must re-read its token", claim.pod_uid),
+        ));
+    }
+    let Some(node) = node else {
+        return Err(Refusal::denied(
+            "pod_not_scheduled",
+            format!("pod {ns}/{pod} is not scheduled on a node"),
+        ));
+    };
+    if let Some(claimed) = &claim.node {
+        if *claimed != node {
+            return Err(Refusal::denied(
+                "node_mismatch",
+                format!("the token names node {claimed} but pod {ns}/{pod} runs on {node}"),
+            ));
+        }
+    }
+    Ok(node)
+}
+
 impl std::fmt::Debug for TokenReviewAuth {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TokenReviewAuth")
@@ -267,3 +273,6 @@ impl NodeAuthenticator for TokenReviewAuth {
         Box::pin(self.check(token))
     }
 }
+
+#[cfg(test)]
+mod tests;

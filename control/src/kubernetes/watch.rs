@@ -10,7 +10,7 @@
 use super::metrics::KubeMetrics;
 use crate::index::{Kind, KubeObject, SharedIndex};
 use crate::ready::Readiness;
-use futures::StreamExt;
+use futures::{Stream, StreamExt, TryStreamExt};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
 use kube::{Api, Resource};
@@ -35,36 +35,52 @@ pub(super) async fn watch<K>(api: Api<K>, kind: Kind, wrap: fn(K) -> KubeObject,
 where
     K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
 {
-    let stream = watcher::watcher(api, watcher::Config::default()).default_backoff();
-    futures::pin_mut!(stream);
+    let events = watcher::watcher(api, watcher::Config::default())
+        .default_backoff()
+        .map_ok(move |event| match event {
+            Event::Apply(o) => Event::Apply(wrap(o)),
+            Event::Delete(o) => Event::Delete(wrap(o)),
+            Event::Init => Event::Init,
+            Event::InitApply(o) => Event::InitApply(wrap(o)),
+            Event::InitDone => Event::InitDone,
+        });
+    follow(events, kind, &cx).await;
+}
+
+/// Applies one kind's watch events to the index until they end.
+pub(super) async fn follow<E: std::fmt::Display>(
+    events: impl Stream<Item = Result<Event<KubeObject>, E>>,
+    kind: Kind,
+    cx: &WatchContext,
+) {
+    futures::pin_mut!(events);
     let mut listed_once = false;
     let mut buffer: Vec<KubeObject> = Vec::new();
-    while let Some(event) = stream.next().await {
+    while let Some(event) = events.next().await {
         match event {
-            Ok(Event::Init) => {
-                buffer.clear();
-                if listed_once {
-                    tracing::info!(%kind, "re-listing");
-                    cx.metrics.restarted(kind);
-                }
-            }
-            Ok(Event::InitApply(obj)) => buffer.push(wrap(obj)),
+            Ok(Event::Init) => buffer.clear(),
+            Ok(Event::InitApply(obj)) => buffer.push(obj),
             Ok(Event::InitDone) => {
                 let objects = std::mem::take(&mut buffer);
                 let n = objects.len();
                 for e in cx.index.reset(kind, objects) {
-                    skipped(&cx, kind, &e);
+                    skipped(cx, kind, &e);
                 }
-                tracing::info!(%kind, objects = n, "listed");
+                if listed_once {
+                    tracing::info!(%kind, objects = n, "re-listed");
+                    cx.metrics.restarted(kind);
+                } else {
+                    tracing::info!(%kind, objects = n, "listed");
+                }
                 listed_once = true;
                 cx.ready.done(&pending_label(kind));
             }
             Ok(Event::Apply(obj)) => {
-                if let Err(e) = cx.index.apply(wrap(obj)) {
-                    skipped(&cx, kind, &e);
+                if let Err(e) = cx.index.apply(obj) {
+                    skipped(cx, kind, &e);
                 }
             }
-            Ok(Event::Delete(obj)) => cx.index.delete(&wrap(obj).object_ref()),
+            Ok(Event::Delete(obj)) => cx.index.delete(&obj.object_ref()),
             Err(error) => {
                 // kube-rs retries with backoff; a 410 Gone starts a re-list (Event::Init).
                 tracing::warn!(%kind, %error, "watch error; retrying");
@@ -79,3 +95,6 @@ fn skipped(cx: &WatchContext, kind: Kind, e: &crate::index::ConvertError) {
     tracing::warn!(%kind, object = %e.object, field = %e.field, message = %e.message, "skipping an object the mesh cannot use");
     cx.metrics.invalid(kind);
 }
+
+#[cfg(test)]
+mod tests;
