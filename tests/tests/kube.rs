@@ -224,7 +224,7 @@ async fn curl_through_mesh(c: &Arc<Cluster>, a: &NodeProxy, pod: &CniPod, url: &
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn pods_from_the_api_server_are_meshed_running_ones_by_annotation_and_the_watch_survives_an_api_server_restart() {
+async fn api_pods_meshed_running_ones_by_annotation_and_watches_survive_an_api_restart() {
     ambit_e2e::init_test_logging();
     let fake = FakeKube::start().await;
     install(&fake, &["node-a", "node-b"]);
