@@ -15,7 +15,8 @@ log() { printf '\n==> %s\n' "$*"; }
 # iproute2, nftables, curl: the network-namespace tests (pods as netns, redirection rules,
 # a real HTTP client through the mesh); containernetworking-plugins: the real CNI plugins
 # (bridge, host-local, loopback) ambit-cni is chained with; python3: test clients.
-packages=(protobuf-compiler openssl iproute2 nftables curl containernetworking-plugins python3)
+packages=(protobuf-compiler openssl iproute2 nftables curl containernetworking-plugins python3
+    python3-venv)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -59,6 +60,16 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 log "cargo clippy (eBPF programs, bpfel-unknown-none)"
 (cd ebpf/programs && cargo +nightly clippy --locked --release -Z build-std=core \
     --target bpfel-unknown-none -- -D warnings)
+
+# The Helm charts: rendered by the real Helm v4 library, validated against the Kubernetes
+# schemas and the CRDs' own; the Rust end-to-end tests find the venv's python through
+# AMBIT_PYTHON (tests/tests/chart.rs runs the real binaries with the chart's settings).
+log "Helm charts"
+AMBIT_PYTHON="$(./scripts/install-python-tools.sh)"
+export AMBIT_PYTHON
+"$(dirname "$AMBIT_PYTHON")/yamllint" --strict -c helm/.yamllint helm/
+(cd tests/helm && "$AMBIT_PYTHON" -m pytest -q -p no:cacheprovider)
+./scripts/check-dockerfile.sh
 
 log "cargo test"
 cargo test --workspace --locked
