@@ -162,7 +162,11 @@ async fn the_binaries_run_with_what_the_chart_renders() {
         from_chart.token_file,
         PathBuf::from("/var/run/secrets/ambit/token")
     );
-    let c = Arc::new(Cluster::new("chart-e2e", &["node-a", "node-b"], Path::new(CNI)));
+    let c = Arc::new(Cluster::new(
+        "chart-e2e",
+        &["node-a", "node-b"],
+        Path::new(CNI),
+    ));
     let node = c.node("node-a").proxy_config(&cp, Redirect::Ebpf);
     let config = ambit_proxy::config::Config {
         node_name: node.node_name,
