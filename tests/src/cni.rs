@@ -13,6 +13,7 @@ use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 use crate::netns::run;
 
@@ -463,6 +464,36 @@ impl Cluster {
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
         panic!("the container of {} did not start", pod.name);
+    }
+}
+
+/// The blocking runtime operations, from async tests.
+impl Cluster {
+    /// [`Cluster::add_pod`] on a blocking thread, as a runtime waits for its CNI chain;
+    /// fails the test if ADD fails.
+    pub async fn add(self: &Arc<Self>, node: &str, ns: &str, name: &str, host: u8) -> CniPod {
+        let (c, node, ns, name) = (
+            self.clone(),
+            node.to_string(),
+            ns.to_string(),
+            name.to_string(),
+        );
+        tokio::task::spawn_blocking(move || c.add_pod(&node, &ns, &name, host))
+            .await
+            .unwrap()
+            .unwrap_or_else(|e| panic!("CNI ADD failed: {e}"))
+    }
+
+    /// [`Cluster::curl`] on a blocking thread.
+    pub async fn curl_async(
+        self: &Arc<Self>,
+        pod: &CniPod,
+        url: &str,
+    ) -> Result<(u16, String), String> {
+        let (c, pod, url) = (self.clone(), pod.clone(), url.to_string());
+        tokio::task::spawn_blocking(move || c.curl(&pod, &url))
+            .await
+            .unwrap()
     }
 }
 

@@ -511,3 +511,53 @@ impl cni::CniNode {
         config
     }
 }
+
+/// The sum of the samples of metric `name` whose labels contain each of `labels` (as
+/// `key="value"` text).
+pub fn metric_sum(metrics: &str, name: &str, labels: &[&str]) -> u64 {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with(name) && labels.iter().all(|want| l.contains(want)))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// The addresses a test server saw its clients connect from.
+pub type Peers = std::sync::Arc<std::sync::Mutex<Vec<SocketAddr>>>;
+
+/// A tiny HTTP/1.1 server inside `netns` on `port` answering `body` to every request;
+/// records each client's address.
+pub async fn http_server(
+    netns: &ambit_proxy::netns::Netns,
+    port: u16,
+    body: &'static str,
+) -> Peers {
+    let listener = netns
+        .bind(SocketAddr::from(([0, 0, 0, 0], port)))
+        .await
+        .unwrap();
+    let seen = Peers::default();
+    let record = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, peer)) = listener.accept().await {
+            record.lock().unwrap().push(peer);
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 4096];
+                let mut head = Vec::new();
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let reply = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = s.write_all(reply.as_bytes()).await;
+                let _ = s.shutdown().await;
+            });
+        }
+    });
+    seen
+}

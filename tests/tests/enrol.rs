@@ -9,14 +9,14 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure
 
 use ambit_e2e::cni::{Cluster, CniPod};
-use ambit_e2e::{http_get, ControlPlane, NodeProxy, NAMESPACES};
+use ambit_e2e::{http_get, http_server, metric_sum, ControlPlane, NodeProxy, Peers, NAMESPACES};
 use ambit_proxy::netns::Netns;
 use ambit_proxy::proxy::Redirect;
 use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
 const CNI: &str = env!("CARGO_BIN_EXE_ambit-cni-e2e");
 const CLI_ID: &str = "spiffe://cluster.local/ns/shop/sa/cli";
@@ -24,8 +24,6 @@ const WEB_ID: &str = "spiffe://cluster.local/ns/late/sa/web";
 const WEB_IP: [u8; 4] = [10, 78, 2, 10];
 const CLI_IP: [u8; 4] = [10, 78, 1, 10];
 const OLD_IP: [u8; 4] = [10, 78, 1, 20];
-
-type Peers = Arc<Mutex<Vec<SocketAddr>>>;
 
 /// The cluster, with namespace `late` annotated or not. `web` in `late` has a UID (as
 /// every pod from an API server has) and is running with its address.
@@ -60,35 +58,6 @@ spec: {{nodeName: node-b, serviceAccountName: web, containers: []}}
 status: {{podIP: 10.78.2.10, phase: Running}}
 "#
     )
-}
-
-/// An HTTP/1.1 server inside `netns` on `port` that records each client's address.
-async fn http_server(netns: &Netns, port: u16) -> Peers {
-    let listener = netns
-        .bind(SocketAddr::from(([0, 0, 0, 0], port)))
-        .await
-        .unwrap();
-    let seen = Peers::default();
-    let record = seen.clone();
-    tokio::spawn(async move {
-        while let Ok((mut s, peer)) = listener.accept().await {
-            record.lock().unwrap().push(peer);
-            tokio::spawn(async move {
-                let mut buf = vec![0u8; 4096];
-                let mut head = Vec::new();
-                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match s.read(&mut buf).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => head.extend_from_slice(&buf[..n]),
-                    }
-                }
-                let reply = "HTTP/1.1 200 OK\r\ncontent-length: 3\r\nconnection: close\r\n\r\nweb";
-                let _ = s.write_all(reply.as_bytes()).await;
-                let _ = s.shutdown().await;
-            });
-        }
-    });
-    seen
 }
 
 /// A line echo server inside `netns` on `port` that records each client's address.
@@ -130,14 +99,6 @@ async fn echo(conn: &mut BufReader<tokio::net::TcpStream>, line: &str) -> String
     back.trim_end().to_string()
 }
 
-fn metric_sum(metrics: &str, name: &str, labels: &[&str]) -> u64 {
-    metrics
-        .lines()
-        .filter(|l| l.starts_with(name) && labels.iter().all(|want| l.contains(want)))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
-        .sum()
-}
-
 /// Requests web received from cli over mTLS, as web's proxy counts them.
 fn mesh_requests(metrics: &str) -> u64 {
     let labels = [
@@ -149,32 +110,12 @@ fn mesh_requests(metrics: &str) -> u64 {
     metric_sum(metrics, "request_total", &labels)
 }
 
-async fn add_pod(c: &Arc<Cluster>, node: &str, ns: &str, name: &str, host: u8) -> CniPod {
-    let (c, node, ns, name) = (
-        c.clone(),
-        node.to_string(),
-        ns.to_string(),
-        name.to_string(),
-    );
-    tokio::task::spawn_blocking(move || c.add_pod(&node, &ns, &name, host))
-        .await
-        .unwrap()
-        .unwrap_or_else(|e| panic!("CNI ADD failed: {e}"))
-}
-
-async fn curl(c: &Arc<Cluster>, pod: &CniPod, url: &str) -> Result<(u16, String), String> {
-    let (c, pod, url) = (c.clone(), pod.clone(), url.to_string());
-    tokio::task::spawn_blocking(move || c.curl(&pod, &url))
-        .await
-        .unwrap()
-}
-
 /// Curls web from cli until the request arrives from `via` (web's own address: through
 /// web's proxy; cli's: plain); fails the test after 10 s.
 async fn wait_for_route(c: &Arc<Cluster>, cli: &CniPod, seen: &Peers, via: [u8; 4], what: &str) {
     let mut last = Err(String::new());
     for _ in 0..100 {
-        last = curl(c, cli, "http://10.78.2.10:8080/").await;
+        last = c.curl_async(cli, "http://10.78.2.10:8080/").await;
         let from = seen.lock().unwrap().last().map(SocketAddr::ip);
         if matches!(&last, Ok((200, _))) && from == Some(IpAddr::from(via)) {
             return;
@@ -239,12 +180,12 @@ async fn scenario(test: &str, redirect: Redirect, uid: &str) {
     let mut b = NodeProxy::start_config(config_b.clone()).await;
 
     // The pods start; web's namespace is not meshed, so its ADD was answered not_meshed.
-    let cli = add_pod(&c, "node-a", "shop", "cli", 10).await;
-    let old = add_pod(&c, "node-a", "legacy", "old", 20).await;
-    let web = add_pod(&c, "node-b", "late", "web", 10).await;
+    let cli = c.add("node-a", "shop", "cli", 10).await;
+    let old = c.add("node-a", "legacy", "old", 20).await;
+    let web = c.add("node-b", "late", "web", 10).await;
     let container = c.start_container(&web, uid);
     let web_ns = Netns::open(Path::new(&web.path())).unwrap();
-    let seen = http_server(&web_ns, 8080).await;
+    let seen = http_server(&web_ns, 8080, "web").await;
     let echoed = echo_server(&web_ns, 7070).await;
 
     // Plain: cli's proxy connects to web directly, web sees cli's own address.

@@ -7,15 +7,15 @@
 
 use ambit_e2e::cni::{Cluster, CniPod};
 use ambit_e2e::kube::{FakeKube, TokenIdentity};
-use ambit_e2e::{csr, http_get, node_token, raw_certify, ControlPlane, NodeProxy};
+use ambit_e2e::{
+    csr, http_get, http_server, metric_sum, node_token, raw_certify, ControlPlane, NodeProxy,
+};
 use ambit_proxy::netns::Netns;
 use ambit_proxy::proxy::Redirect;
 use serde_json::{json, Value};
-use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const CNI: &str = env!("CARGO_BIN_EXE_ambit-cni-e2e");
 const WEB_ID: &str = "spiffe://cluster.local/ns/shop/sa/web";
@@ -112,19 +112,11 @@ async fn kube_control_plane(fake: &FakeKube, extra: &[&str]) -> (ControlPlane, t
     (ControlPlane::start_kube(&kubeconfig, extra).await, dir)
 }
 
-fn metric(metrics: &str, name_and_labels: &str) -> f64 {
+fn metric(metrics: &str, name_and_labels: &str) -> u64 {
     metrics
         .lines()
         .filter(|l| l.starts_with(name_and_labels))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
-fn metric_sum(metrics: &str, name: &str, labels: &[&str]) -> f64 {
-    metrics
-        .lines()
-        .filter(|l| l.starts_with(name) && labels.iter().all(|want| l.contains(want)))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
         .sum()
 }
 
@@ -150,53 +142,6 @@ async fn certify_code(cp: &ControlPlane, node: &str, ns: &str, sa: &str) -> toni
     }
 }
 
-async fn http_server(netns: &Netns, port: u16, body: &'static str) {
-    let listener = netns
-        .bind(SocketAddr::from(([0, 0, 0, 0], port)))
-        .await
-        .unwrap();
-    tokio::spawn(async move {
-        while let Ok((mut s, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let mut buf = vec![0u8; 4096];
-                let mut head = Vec::new();
-                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match s.read(&mut buf).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => head.extend_from_slice(&buf[..n]),
-                    }
-                }
-                let reply = format!(
-                    "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                    body.len()
-                );
-                let _ = s.write_all(reply.as_bytes()).await;
-                let _ = s.shutdown().await;
-            });
-        }
-    });
-}
-
-async fn add_pod(c: &Arc<Cluster>, node: &str, ns: &str, name: &str, host: u8) -> CniPod {
-    let (c, node, ns, name) = (
-        c.clone(),
-        node.to_string(),
-        ns.to_string(),
-        name.to_string(),
-    );
-    tokio::task::spawn_blocking(move || c.add_pod(&node, &ns, &name, host))
-        .await
-        .unwrap()
-        .unwrap_or_else(|e| panic!("CNI ADD failed: {e}"))
-}
-
-async fn curl(c: &Arc<Cluster>, pod: &CniPod, url: &str) -> Result<(u16, String), String> {
-    let (c, pod, url) = (c.clone(), pod.clone(), url.to_string());
-    tokio::task::spawn_blocking(move || c.curl(&pod, &url))
-        .await
-        .unwrap()
-}
-
 /// Curls `url` from `pod` until it answers through the mesh (client proxy `a` counts an
 /// mTLS response from web).
 async fn curl_through_mesh(c: &Arc<Cluster>, a: &NodeProxy, pod: &CniPod, url: &str) {
@@ -214,7 +159,7 @@ async fn curl_through_mesh(c: &Arc<Cluster>, a: &NodeProxy, pod: &CniPod, url: &
     let mut got = Err(String::new());
     for _ in 0..100 {
         let before = mesh(&a.metrics().await);
-        got = curl(c, pod, url).await;
+        got = c.curl_async(pod, url).await;
         if matches!(&got, Ok((200, _))) && mesh(&a.metrics().await) > before {
             return;
         }
@@ -231,7 +176,7 @@ async fn api_pods_meshed_running_ones_by_annotation_and_watches_survive_an_api_r
     app(&fake);
     let (cp, _kubeconfig) = kube_control_plane(&fake, &[]).await;
     let m = cp.metrics().await;
-    assert_eq!(metric(&m, "kube_objects{kind=\"Pod\"}"), 6.0, "{m}");
+    assert_eq!(metric(&m, "kube_objects{kind=\"Pod\"}"), 6, "{m}");
 
     let c = Arc::new(Cluster::new(
         "kube-e2e",
@@ -240,8 +185,8 @@ async fn api_pods_meshed_running_ones_by_annotation_and_watches_survive_an_api_r
     ));
     let a = NodeProxy::start_config(c.node("node-a").proxy_config(&cp, Redirect::Ebpf)).await;
     let b = NodeProxy::start_config(c.node("node-b").proxy_config(&cp, Redirect::Ebpf)).await;
-    let web = add_pod(&c, "node-b", "shop", "web", 10).await;
-    let cli = add_pod(&c, "node-a", "shop", "cli", 10).await;
+    let web = c.add("node-b", "shop", "web", 10).await;
+    let cli = c.add("node-a", "shop", "cli", 10).await;
     // The kubelet reports web's address.
     fake.apply(pod("shop", "web", "node-b", "web", Some("10.78.2.10")));
     let web_ns = Netns::open(Path::new(&web.path())).unwrap();
@@ -256,12 +201,12 @@ async fn api_pods_meshed_running_ones_by_annotation_and_watches_survive_an_api_r
         &format!("client_id=\"{CLI_ID}\""),
         "tls=\"true\"",
     ];
-    assert!(metric_sum(&mb, "request_total", &inbound) >= 1.0, "{mb}");
+    assert!(metric_sum(&mb, "request_total", &inbound) >= 1, "{mb}");
 
     // A pod that runs before its namespace is annotated is meshed when it is, without a
     // restart or a CNI ADD (the proxy finds its netns from /proc), and un-meshed when the
     // annotation goes.
-    let old = add_pod(&c, "node-a", "legacy", "old", 20).await;
+    let old = c.add("node-a", "legacy", "old", 20).await;
     let _container = c.start_container(&old, &uid("legacy/old"));
     assert!(!c.listeners(&old).contains(":4140"));
     fake.apply(namespace("legacy", true));
@@ -278,7 +223,7 @@ async fn api_pods_meshed_running_ones_by_annotation_and_watches_survive_an_api_r
         "client_id=\"spiffe://cluster.local/ns/legacy/sa/default\"",
         "tls=\"true\"",
     ];
-    assert!(metric_sum(&mb, "request_total", &from_old) >= 1.0, "{mb}");
+    assert!(metric_sum(&mb, "request_total", &from_old) >= 1, "{mb}");
     fake.apply(namespace("legacy", false));
     eventually("old un-meshed", || async {
         a.metrics().await.contains("pod_enrolment_releases_total 1")
@@ -303,7 +248,7 @@ async fn api_pods_meshed_running_ones_by_annotation_and_watches_survive_an_api_r
         metric(
             &cp.metrics().await,
             "kube_token_reviews_total{result=\"cached\"}"
-        ) >= 5.0
+        ) >= 5
     );
 
     // A deleted pod is dropped: its node may no longer obtain its identity.
@@ -326,7 +271,7 @@ async fn api_pods_meshed_running_ones_by_annotation_and_watches_survive_an_api_r
         metric(
             &cp.metrics().await,
             "kube_watch_restarts_total{kind=\"Pod\"}",
-        ) >= 1.0
+        ) >= 1
     })
     .await;
     assert!(fake.requests("list", "pods") > lists_before);
@@ -340,7 +285,7 @@ async fn api_pods_meshed_running_ones_by_annotation_and_watches_survive_an_api_r
         tonic::Code::PermissionDenied
     );
     let m = cp.metrics().await;
-    assert_eq!(metric(&m, "kube_objects{kind=\"Pod\"}"), 5.0, "{m}");
+    assert_eq!(metric(&m, "kube_objects{kind=\"Pod\"}"), 5, "{m}");
 
     // Meshed traffic still flows once cli is back in the API.
     fake.apply(pod("shop", "cli", "node-a", "cli", Some("10.78.1.10")));
@@ -442,7 +387,7 @@ async fn token_review_refusals_are_precise_grpc_statuses_and_are_counted() {
             metric(
                 &m,
                 &format!("node_authentication_refused_total{{reason=\"{reason}\"}}")
-            ) >= 1.0,
+            ) >= 1,
             "{reason} not counted:\n{m}"
         );
     }
@@ -450,7 +395,7 @@ async fn token_review_refusals_are_precise_grpc_statuses_and_are_counted() {
         metric(
             &m,
             "identity_requests_refused_total{reason=\"permission_denied\"}"
-        ) >= 4.0,
+        ) >= 4,
         "{m}"
     );
     assert_eq!(http_get(cp.admin_addr, "/ready").await.0, 200);
@@ -473,7 +418,7 @@ async fn the_control_plane_is_ready_only_once_every_kind_has_listed() {
     fake.come_up();
     let cp = start.await.unwrap();
     let m = cp.metrics().await;
-    assert!(metric(&m, "kube_watch_errors_total") >= 1.0, "{m}");
-    assert_eq!(metric(&m, "kube_objects{kind=\"Pod\"}"), 1.0, "{m}");
+    assert!(metric(&m, "kube_watch_errors_total") >= 1, "{m}");
+    assert_eq!(metric(&m, "kube_objects{kind=\"Pod\"}"), 1, "{m}");
     cp.stop().await;
 }

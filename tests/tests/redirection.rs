@@ -6,15 +6,14 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure
 
-use ambit_e2e::cni::{Cluster, CniPod};
-use ambit_e2e::{ControlPlane, NodeProxy, NAMESPACES};
+use ambit_e2e::cni::Cluster;
+use ambit_e2e::{http_server, metric_sum, ControlPlane, NodeProxy, NAMESPACES};
 use ambit_proxy::netns::Netns;
 use ambit_proxy::proxy::Redirect;
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const CNI: &str = env!("CARGO_BIN_EXE_ambit-cni-e2e");
 const WEB_ID: &str = "spiffe://cluster.local/ns/shop/sa/web";
@@ -61,67 +60,6 @@ endpoints: [{{addresses: [10.78.2.10], targetRef: {{kind: Pod, name: web, namesp
     )
 }
 
-/// A tiny HTTP/1.1 server inside `netns` on `port`; records each client's address.
-async fn http_server(netns: &Netns, port: u16, body: &'static str) -> Arc<Mutex<Vec<SocketAddr>>> {
-    let listener = netns
-        .bind(SocketAddr::from(([0, 0, 0, 0], port)))
-        .await
-        .unwrap();
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    let record = seen.clone();
-    tokio::spawn(async move {
-        while let Ok((mut s, peer)) = listener.accept().await {
-            record.lock().unwrap().push(peer);
-            tokio::spawn(async move {
-                let mut buf = vec![0u8; 4096];
-                let mut head = Vec::new();
-                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match s.read(&mut buf).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => head.extend_from_slice(&buf[..n]),
-                    }
-                }
-                let reply = format!(
-                    "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                    body.len()
-                );
-                let _ = s.write_all(reply.as_bytes()).await;
-                let _ = s.shutdown().await;
-            });
-        }
-    });
-    seen
-}
-
-fn metric_sum(metrics: &str, name: &str, labels: &[&str]) -> u64 {
-    metrics
-        .lines()
-        .filter(|l| l.starts_with(name) && labels.iter().all(|want| l.contains(want)))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
-        .sum()
-}
-
-/// Pods are added the way a runtime does it: blocking until `ambit-cni` returns.
-async fn add_pod(c: &Arc<Cluster>, node: &str, ns: &str, name: &str, host: u8) -> CniPod {
-    let (c, node, ns, name) = (
-        c.clone(),
-        node.to_string(),
-        ns.to_string(),
-        name.to_string(),
-    );
-    tokio::task::spawn_blocking(move || c.add_pod(&node, &ns, &name, host))
-        .await
-        .unwrap()
-        .unwrap_or_else(|e| panic!("CNI ADD failed: {e}"))
-}
-
-async fn curl(c: &Arc<Cluster>, pod: &CniPod, url: &str) -> Result<(u16, String), String> {
-    let (c, pod, url) = (c.clone(), pod.clone(), url.to_string());
-    tokio::task::spawn_blocking(move || c.curl(&pod, &url))
-        .await
-        .unwrap()
-}
-
 async fn scenario(test: &str, redirect: Redirect) {
     let c = Arc::new(Cluster::new(test, &["node-a", "node-b"], Path::new(CNI)));
     // The installer chained ambit-cni after the bridge (.conf became .conflist).
@@ -142,9 +80,9 @@ async fn scenario(test: &str, redirect: Redirect) {
 
     // ADD returns only once the proxy has the pod (listeners and redirection in place);
     // each plugin's result goes through ambit-cni unchanged.
-    let web = add_pod(&c, "node-b", "shop", "web", 10).await;
-    let cli = add_pod(&c, "node-a", "shop", "cli", 10).await;
-    let old = add_pod(&c, "node-a", "legacy", "old", 20).await;
+    let web = c.add("node-b", "shop", "web", 10).await;
+    let cli = c.add("node-a", "shop", "cli", 10).await;
+    let old = c.add("node-a", "legacy", "old", 20).await;
     for pod in [&web, &cli, &old] {
         assert_eq!(pod.results.len(), 2);
         assert_eq!(
@@ -180,7 +118,7 @@ async fn scenario(test: &str, redirect: Redirect) {
         let mut got = Err(String::new());
         for _ in 0..100 {
             let before = mesh_requests(&a.metrics().await);
-            got = curl(&c, &cli, url).await;
+            got = c.curl_async(&cli, url).await;
             if matches!(&got, Ok((200, _))) && mesh_requests(&a.metrics().await) > before {
                 break;
             }
@@ -239,7 +177,7 @@ async fn scenario(test: &str, redirect: Redirect) {
     assert!(!old_listeners.contains(":4140"), "{old_listeners}");
     assert!(!c.listeners(&cli).is_empty());
     assert_eq!(
-        curl(&c, &old, "http://10.78.2.10:8080/").await,
+        c.curl_async(&old, "http://10.78.2.10:8080/").await,
         Ok((200, "hello from web".into()))
     );
     assert!(
@@ -249,7 +187,7 @@ async fn scenario(test: &str, redirect: Redirect) {
 
     // Skip ports: web's 9090 takes clients directly; cli's 5432 goes out directly.
     assert_eq!(
-        curl(&c, &old, "http://10.78.2.10:9090/").await,
+        c.curl_async(&old, "http://10.78.2.10:9090/").await,
         Ok((200, "direct to web".into()))
     );
     assert_eq!(
@@ -262,7 +200,7 @@ async fn scenario(test: &str, redirect: Redirect) {
         &["direction=\"outbound\"", "pod=\"cli\""],
     );
     assert_eq!(
-        curl(&c, &cli, "http://10.78.1.20:5432/").await,
+        c.curl_async(&cli, "http://10.78.1.20:5432/").await,
         Ok((200, "db".into()))
     );
     assert_eq!(
@@ -289,9 +227,9 @@ async fn scenario(test: &str, redirect: Redirect) {
     // plaintext — neither from the mesh nor from the unmeshed pod.
     b.stop().await;
     let reached = seen.lock().unwrap().len();
-    let via_mesh = curl(&c, &cli, "http://10.78.2.10:8080/").await;
+    let via_mesh = c.curl_async(&cli, "http://10.78.2.10:8080/").await;
     assert!(!matches!(via_mesh, Ok((200, _))), "{via_mesh:?}");
-    let plain = curl(&c, &old, "http://10.78.2.10:8080/").await;
+    let plain = c.curl_async(&old, "http://10.78.2.10:8080/").await;
     assert!(plain.is_err(), "{plain:?}");
     assert_eq!(
         seen.lock().unwrap().len(),
@@ -302,7 +240,7 @@ async fn scenario(test: &str, redirect: Redirect) {
     // Restarted, it serves web again without a new ADD.
     let b = NodeProxy::start_config(config_b.clone()).await;
     assert_eq!(
-        curl(&c, &cli, "http://10.78.2.10:8080/").await,
+        c.curl_async(&cli, "http://10.78.2.10:8080/").await,
         Ok((200, "hello from web".into()))
     );
     assert!(!b
@@ -313,12 +251,12 @@ async fn scenario(test: &str, redirect: Redirect) {
     // Stopping the client's proxy: its pod cannot connect at all (no bypass).
     a.stop().await;
     let reached = seen.lock().unwrap().len();
-    let out = curl(&c, &cli, "http://10.78.2.10:8080/").await;
+    let out = c.curl_async(&cli, "http://10.78.2.10:8080/").await;
     assert!(out.is_err(), "{out:?}");
     assert_eq!(seen.lock().unwrap().len(), reached);
     let a = NodeProxy::start_config(config_a.clone()).await;
     assert_eq!(
-        curl(&c, &cli, "http://10.96.0.10/").await,
+        c.curl_async(&cli, "http://10.96.0.10/").await,
         Ok((200, "hello from web".into()))
     );
 
@@ -331,12 +269,12 @@ async fn scenario(test: &str, redirect: Redirect) {
             .unwrap();
     }
     c.remove_netns(&web);
-    let web2 = add_pod(&c, "node-b", "shop", "web", 10).await;
+    let web2 = c.add("node-b", "shop", "web", 10).await;
     assert_ne!(web2.container_id, web.container_id);
     let web2_ns = Netns::open(Path::new(&web2.path())).unwrap();
     let seen2 = http_server(&web2_ns, 8080, "hello from web2").await;
     assert_eq!(
-        curl(&c, &cli, "http://10.96.0.10/").await,
+        c.curl_async(&cli, "http://10.96.0.10/").await,
         Ok((200, "hello from web2".into()))
     );
     assert!(seen2.lock().unwrap().iter().all(|p| p.ip() == web_ip));
