@@ -51,6 +51,9 @@ pub mod env {
     pub const TOKEN_REVIEW_CACHE_TTL: &str = "AMBIT_TOKEN_REVIEW_CACHE_TTL";
 }
 
+/// Longest a TokenReview answer may be reused.
+pub const MAX_TOKEN_REVIEW_CACHE_TTL: Duration = Duration::from_secs(600);
+
 /// Shortest workload certificate lifetime accepted.
 pub const MIN_CERT_LIFETIME: Duration = Duration::from_secs(60);
 
@@ -212,6 +215,12 @@ impl Config {
                         ));
                     }
                 }
+                if self.token_review_cache_ttl > MAX_TOKEN_REVIEW_CACHE_TTL {
+                    errors.push(format!(
+                        "--token-review-cache-ttl: {} is too long: a revoked proxy token would be honoured that long; use at most 10m",
+                        ambit_api::duration::format_duration(self.token_review_cache_ttl)
+                    ));
+                }
                 if self.token_audience.trim().is_empty() {
                     errors.push("--token-audience: must not be empty".into());
                 }
@@ -228,5 +237,59 @@ impl Config {
         } else {
             Err(errors)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    fn kube(extra: &[&str]) -> Config {
+        let mut args = vec![
+            "ambit-control",
+            "--trust-anchors",
+            "/a",
+            "--issuer-cert",
+            "/c",
+            "--issuer-key",
+            "/k",
+            "--backend",
+            "kube",
+        ];
+        args.extend_from_slice(extra);
+        Config::try_parse_from(args).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn the_kube_backend_refuses_local_flags_and_bad_values_naming_each() {
+        assert!(kube(&[]).validate().is_ok());
+        let errors = kube(&[
+            "--node-tokens",
+            "/t",
+            "--proxy-service-account",
+            "ambit-proxy",
+            "--token-review-cache-ttl",
+            "1h",
+            "--token-audience",
+            " ",
+        ])
+        .validate()
+        .unwrap_err();
+        let flags: Vec<&str> = errors.iter().filter_map(|e| e.split(':').next()).collect();
+        assert_eq!(
+            flags,
+            [
+                "--node-tokens",
+                "--token-review-cache-ttl",
+                "--token-audience",
+                "--proxy-service-account"
+            ],
+            "{errors:?}"
+        );
+        assert_eq!(
+            kube(&[]).proxy_service_account(),
+            Some(("ambit".into(), "ambit-proxy".into()))
+        );
     }
 }
