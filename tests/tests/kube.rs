@@ -308,8 +308,18 @@ async fn token_review_refusals_are_precise_grpc_statuses_and_are_counted() {
         async move { raw_certify(cp, Some(&token), "shop", sa, csr()).await }
     };
 
-    // The right token: the proxy's pod on node-a may get node-a's identities.
-    assert!(certify(node_token("node-a"), "cli").await.is_ok());
+    // The right token: the proxy's pod on node-a may get node-a's identities. A proxy
+    // starting up asks for many at once: one TokenReview answers them all.
+    let before = fake.token_reviews();
+    let burst = (0..10).map(|_| certify(node_token("node-a"), "cli"));
+    for answer in futures::future::join_all(burst).await {
+        assert!(answer.is_ok(), "{answer:?}");
+    }
+    assert_eq!(
+        fake.token_reviews(),
+        before + 1,
+        "concurrent checks share one review"
+    );
     // node-b's proxy may not get an identity only node-a runs.
     let err = certify(node_token("node-b"), "cli").await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::PermissionDenied, "{err:?}");

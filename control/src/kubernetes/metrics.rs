@@ -53,7 +53,7 @@ impl KubeMetrics {
         );
         registry.register(
             "kube_token_reviews",
-            "Node tokens checked, by result (reviewed: a TokenReview was made; cached: a recent answer was reused; failed: the API server could not be asked)",
+            "Node tokens checked, by result (reviewed: a TokenReview was made; cached: a recent answer was reused; shared: the answer of a review in progress for the same token; failed: the API server could not be asked)",
             m.token_reviews.clone(),
         );
         m

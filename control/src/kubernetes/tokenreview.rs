@@ -19,8 +19,10 @@ use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec, TokenRe
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::PostParams;
 use kube::Api;
-use std::sync::{Mutex, PoisonError};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
+use tokio::sync::OnceCell;
 use tokio::time::Instant;
 
 /// Extra of a bound token: the pod's name.
@@ -35,6 +37,9 @@ const CACHE_CAPACITY: usize = 4096;
 /// The longest a refusal is reused (a fixed token should work again soon).
 const REFUSAL_TTL: Duration = Duration::from_secs(5);
 
+/// A review in progress; every check of the same token waits for its answer.
+type Flight = OnceCell<Result<String, Refusal>>;
+
 /// Who node proxies are and how to ask the API server.
 pub struct TokenReviewAuth {
     client: kube::Client,
@@ -44,6 +49,9 @@ pub struct TokenReviewAuth {
     index: SharedIndex,
     ttl: Duration,
     cache: Mutex<ReviewCache>,
+    /// Reviews in progress, by token digest, which concurrent checks of the same token
+    /// wait for instead of asking again.
+    inflight: Mutex<HashMap<[u8; 32], Arc<Flight>>>,
     metrics: KubeMetrics,
 }
 
@@ -64,6 +72,7 @@ impl TokenReviewAuth {
             index,
             ttl,
             cache: Mutex::new(ReviewCache::new(CACHE_CAPACITY)),
+            inflight: Mutex::new(HashMap::new()),
             metrics,
         }
     }
@@ -74,6 +83,32 @@ impl TokenReviewAuth {
             self.metrics.token_review("cached");
             return answer;
         }
+        // One review per token at a time: a proxy starting up sends its discovery watch
+        // and a certificate request per identity at once, all with the same token.
+        let flight = {
+            let mut inflight = self.inflight.lock().unwrap_or_else(PoisonError::into_inner);
+            inflight.entry(key).or_default().clone()
+        };
+        let mut reviewed_here = false;
+        let answer = flight
+            .get_or_init(|| {
+                reviewed_here = true;
+                self.review_and_remember(token, key)
+            })
+            .await
+            .clone();
+        let mut inflight = self.inflight.lock().unwrap_or_else(PoisonError::into_inner);
+        if inflight.get(&key).is_some_and(|f| Arc::ptr_eq(f, &flight)) {
+            inflight.remove(&key);
+        }
+        if !reviewed_here {
+            self.metrics.token_review("shared");
+        }
+        answer
+    }
+
+    /// Reviews `token` and keeps the answer (not "could not ask": that is retried).
+    async fn review_and_remember(&self, token: &str, key: [u8; 32]) -> Result<String, Refusal> {
         let answer = self.review(token).await;
         if matches!(&answer, Err(r) if r.code == tonic::Code::Unavailable) {
             self.metrics.token_review("failed");
