@@ -31,8 +31,9 @@ pub struct NetConf {
     pub timeout: Duration,
     /// Namespaces left alone (`exclude_namespaces`).
     pub exclude_namespaces: Vec<String>,
-    /// GC: the attachments still valid (`cni.dev/valid-attachments`).
-    pub valid_attachments: Vec<String>,
+    /// GC: the sandboxes of the attachments still valid (`cni.dev/valid-attachments`);
+    /// `None` when the field is absent (which is not "none are valid").
+    pub valid_attachments: Option<Vec<String>>,
 }
 
 fn field<'a>(obj: &'a serde_json::Map<String, Value>, name: &str) -> Option<&'a Value> {
@@ -105,15 +106,32 @@ impl NetConf {
             Some(_) => return Err(CniError::new(code::INVALID_CONFIG, "network configuration field \"exclude_namespaces\" must be a list of strings", "")),
         };
         let valid_attachments = match field(&obj, "cni.dev/valid-attachments") {
-            Some(Value::Array(items)) => items
-                .iter()
-                .filter_map(|a| {
-                    a.get("containerID")
-                        .and_then(Value::as_str)
-                        .map(str::to_string)
-                })
-                .collect(),
-            _ => Vec::new(),
+            None | Some(Value::Null) => None,
+            Some(Value::Array(items)) => Some(
+                items
+                    .iter()
+                    .map(|a| {
+                        a.get("containerID")
+                            .and_then(Value::as_str)
+                            .filter(|id| !id.is_empty())
+                            .map(str::to_string)
+                    })
+                    .collect::<Option<Vec<_>>>()
+                    .ok_or_else(|| {
+                        CniError::new(
+                            code::INVALID_CONFIG,
+                            "\"cni.dev/valid-attachments\" has an entry without a containerID",
+                            "every valid attachment must name its sandbox; nothing was removed",
+                        )
+                    })?,
+            ),
+            Some(_) => {
+                return Err(CniError::new(
+                    code::INVALID_CONFIG,
+                    "\"cni.dev/valid-attachments\" must be a list",
+                    "",
+                ))
+            }
         };
         Ok(Self {
             cni_version,

@@ -224,8 +224,17 @@ fn status(conf: &NetConf) -> Result<Option<Value>, CniError> {
 
 fn gc(conf: &NetConf) -> Result<Option<Value>, CniError> {
     require_1_1(conf, "GC")?;
+    // Absent is not "no attachment is valid": read that way it would drop every pod on
+    // the node, and a dropped pod is no longer redirected.
+    let Some(valid) = conf.valid_attachments.clone() else {
+        return Err(CniError::new(
+            code::INVALID_CONFIG,
+            "GC without \"cni.dev/valid-attachments\"",
+            "the runtime must list the attachments still valid; nothing was removed",
+        ));
+    };
     let request = Request::Gc {
-        valid_container_ids: conf.valid_attachments.clone(),
+        valid_container_ids: valid,
     };
     match ask(Path::new(&conf.socket), &request, None, conf.timeout) {
         Ok(Response::Error { code, msg, details }) => Err(CniError::new(code, msg, details)),

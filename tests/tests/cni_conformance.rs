@@ -269,7 +269,23 @@ async fn every_command_in_every_version_against_a_real_proxy() {
             );
             assert_eq!(add.status, 0, "{add:?}");
             let mut c: Value = serde_json::from_str(&conf("1.1.0", &socket, &web, false)).unwrap();
+            // A GC without the list, or with an empty one, drops nothing: the pod stays
+            // redirected.
+            let gc = cni(&env("GC", &web, "", ""), &c.to_string());
+            assert_eq!(gc.error_code(), 7, "{gc:?}");
             c["cni.dev/valid-attachments"] = json!([]);
+            let gc = cni(&env("GC", &web, "", ""), &c.to_string());
+            assert_eq!(gc.error_code(), 7, "{gc:?}");
+            c["cni.dev/valid-attachments"] = json!([{"ifname": "eth0"}]);
+            let gc = cni(&env("GC", &web, "", ""), &c.to_string());
+            assert_eq!(gc.error_code(), 7, "{gc:?}");
+            let check = cni(
+                &env("CHECK", &web, "stale", &web_args),
+                &conf("1.1.0", &socket, &web, true),
+            );
+            assert_eq!(check.status, 0, "{check:?}");
+            // A GC that lists the sandboxes still there drops the others.
+            c["cni.dev/valid-attachments"] = json!([{"containerID": "other", "ifname": "eth0"}]);
             assert_eq!(cni(&env("GC", &web, "", ""), &c.to_string()).status, 0);
             let check = cni(
                 &env("CHECK", &web, "stale", &web_args),

@@ -213,6 +213,19 @@ impl CniServer {
             Request::Gc {
                 valid_container_ids,
             } => {
+                // A GC that lists nothing valid would drop every pod handed over: each
+                // would stop being redirected. Sandboxes go one by one, by DEL (or by a
+                // GC that keeps something); this one changes nothing.
+                if valid_container_ids.iter().all(|id| id.trim().is_empty()) {
+                    tracing::warn!(
+                        "CNI GC listed no valid attachment; keeping every pod redirected"
+                    );
+                    return error(
+                        code::INVALID_CONFIG,
+                        "GC listed no valid attachment",
+                        "refusing to drop every pod on the node; send DEL for each sandbox that is gone",
+                    );
+                }
                 let removed = self.registry.retain_sandboxes(&valid_container_ids);
                 tracing::info!(?removed, "CNI GC");
                 Response::Ok
