@@ -149,8 +149,13 @@ impl Control {
             )])
         })?;
         let ca = Arc::new(ca);
-        let identity =
-            IdentityService::new(ca.clone(), index.clone(), auth.clone(), identity_metrics);
+        let identity = IdentityService::new(
+            ca.clone(),
+            index.clone(),
+            auth.clone(),
+            identity_metrics,
+            own_id.clone(),
+        );
         let discovery = discovery::DiscoveryService::new(index.clone(), auth, discovery_metrics);
         Ok(Self {
             config,

@@ -325,6 +325,31 @@ async fn token_review_refusals_are_precise_grpc_statuses_and_are_counted() {
     assert_eq!(err.code(), tonic::Code::PermissionDenied, "{err:?}");
     assert!(err.message().contains("node node-b runs no pod"), "{err:?}");
 
+    // The control plane's own identity is never issued, even to the node it runs on.
+    fake.apply(service_account("ambit", "ambit-control"));
+    fake.apply(pod(
+        "ambit",
+        "ambit-control-0",
+        "node-a",
+        "ambit-control",
+        Some("192.0.2.5"),
+    ));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let err = raw_certify(
+        &cp,
+        Some(&node_token("node-a")),
+        "ambit",
+        "ambit-control",
+        csr(),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::PermissionDenied, "{err:?}");
+    assert!(
+        err.message().contains("control plane's own identity"),
+        "{err:?}"
+    );
+
     // A token for another audience.
     fake.add_pod_token(
         "aud-token-0123456789",
@@ -405,7 +430,7 @@ async fn token_review_refusals_are_precise_grpc_statuses_and_are_counted() {
         metric(
             &m,
             "identity_requests_refused_total{reason=\"permission_denied\"}"
-        ) >= 4,
+        ) >= 5,
         "{m}"
     );
     assert_eq!(http_get(cp.admin_addr, "/ready").await.0, 200);

@@ -25,6 +25,9 @@ pub struct IdentityService {
     index: SharedIndex,
     auth: NodeAuth,
     metrics: IdentityMetrics,
+    /// The control plane's own identity: never issued to a node, whatever runs there
+    /// (proxies trust the control plane by it).
+    reserved: WorkloadIdentity,
 }
 
 impl std::fmt::Debug for IdentityService {
@@ -43,6 +46,7 @@ impl IdentityService {
         index: SharedIndex,
         auth: NodeAuth,
         metrics: IdentityMetrics,
+        reserved: WorkloadIdentity,
     ) -> Self {
         metrics.set_issuer_expiry(unix_seconds(ca.issuer_not_after()));
         Self {
@@ -50,6 +54,7 @@ impl IdentityService {
             index,
             auth,
             metrics,
+            reserved,
         }
     }
 
@@ -64,6 +69,11 @@ impl IdentityService {
         let id =
             WorkloadIdentity::new(self.ca.trust_domain(), &req.namespace, &req.service_account)
                 .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        if id == self.reserved {
+            return Err(Status::permission_denied(format!(
+                "{id} is the control plane's own identity, which is never issued to a node (proxies trust the control plane by it)"
+            )));
+        }
         let authorized = self.index.read().node_runs_service_account(
             &node,
             id.namespace(),
