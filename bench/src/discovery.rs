@@ -61,12 +61,35 @@ fn pod_yaml(i: usize, nodes: usize, generation: usize) -> String {
     )
 }
 
+/// The pods, and a Service per ten pods with one EndpointSlice of their addresses (so
+/// that rendering does the work a real cluster's Services cost).
 fn cluster(pods: usize, nodes: usize) -> String {
     let mut y = String::from(
         "apiVersion: v1\nkind: Namespace\nmetadata: {name: shop, annotations: {ambit.dev/mesh: enabled}}\n",
     );
     for i in 0..pods {
         y.push_str(&pod_yaml(i, nodes, 0));
+    }
+    for s in 0..pods.div_ceil(10) {
+        y.push_str(&format!(
+            "---\napiVersion: v1\nkind: Service\nmetadata: {{name: svc-{s}, namespace: shop}}\nspec: {{clusterIP: 10.96.{}.{}, ports: [{{name: http, port: 80}}]}}\n",
+            s / 250,
+            s % 250 + 1
+        ));
+        let endpoints: Vec<String> = (s * 10..(s * 10 + 10).min(pods))
+            .map(|i| {
+                format!(
+                    "{{addresses: [10.{}.{}.{}], targetRef: {{kind: Pod, name: pod-{i}, namespace: shop}}}}",
+                    i / 65_000 + 1,
+                    (i / 250) % 256,
+                    i % 250 + 1
+                )
+            })
+            .collect();
+        y.push_str(&format!(
+            "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: svc-{s}-1, namespace: shop, labels: {{kubernetes.io/service-name: svc-{s}}}}}\naddressType: IPv4\nports: [{{name: http, port: 8080}}]\nendpoints: [{}]\n",
+            endpoints.join(", ")
+        ));
     }
     y
 }

@@ -34,6 +34,9 @@ pub struct ClusterIndex {
     services: BTreeMap<(String, String), ServiceInfo>,
     /// EndpointSlice (namespace, name) → (service name, endpoints).
     endpoint_slices: BTreeMap<(String, String), (String, Vec<EndpointInfo>)>,
+    /// (namespace, Service) → its EndpointSlices' names: rendering a Service's endpoints
+    /// looks up its slices instead of scanning every slice of the cluster.
+    slices_by_service: BTreeMap<(String, String), std::collections::BTreeSet<String>>,
     /// Whether pods may name their network namespace (`local.ambit.dev/netns`): only
     /// the local backend, whose YAML the operator writes. From an API server, where
     /// anyone who can create a pod sets its annotations, the annotation is ignored.
@@ -113,6 +116,11 @@ impl ClusterIndex {
             }
             KubeObject::EndpointSlice(slice) => {
                 let (key, service, endpoints) = convert::endpoint_slice(&slice)?;
+                self.unlink_slice(&key);
+                self.slices_by_service
+                    .entry((key.0.clone(), service.clone()))
+                    .or_default()
+                    .insert(key.1.clone());
                 self.endpoint_slices.insert(key, (service, endpoints));
             }
         }
@@ -136,6 +144,7 @@ impl ClusterIndex {
                 self.services.remove(&key);
             }
             Kind::EndpointSlice => {
+                self.unlink_slice(&key);
                 self.endpoint_slices.remove(&key);
             }
         }
@@ -175,7 +184,18 @@ impl ClusterIndex {
             Kind::Pod => self.pods.retain(|k, _| keep(k)),
             Kind::ServiceAccount => self.service_accounts.retain(|k, _| keep(k)),
             Kind::Service => self.services.retain(|k, _| keep(k)),
-            Kind::EndpointSlice => self.endpoint_slices.retain(|k, _| keep(k)),
+            Kind::EndpointSlice => {
+                let gone: Vec<_> = self
+                    .endpoint_slices
+                    .keys()
+                    .filter(|k| !keep(k))
+                    .cloned()
+                    .collect();
+                for key in gone {
+                    self.unlink_slice(&key);
+                    self.endpoint_slices.remove(&key);
+                }
+            }
         }
         errors
     }
@@ -290,11 +310,34 @@ impl ClusterIndex {
 
     /// The endpoints of a Service, gathered from all its EndpointSlices.
     pub fn service_endpoints(&self, namespace: &str, service: &str) -> Vec<EndpointInfo> {
-        self.endpoint_slices
+        let Some(slices) = self
+            .slices_by_service
+            .get(&(namespace.to_string(), service.to_string()))
+        else {
+            return Vec::new();
+        };
+        slices
             .iter()
-            .filter(|((ns, _), (svc, _))| ns == namespace && svc == service)
-            .flat_map(|(_, (_, eps))| eps.iter().cloned())
+            .filter_map(|name| {
+                self.endpoint_slices
+                    .get(&(namespace.to_string(), name.clone()))
+            })
+            .flat_map(|(_, eps)| eps.iter().cloned())
             .collect()
+    }
+
+    /// Forgets which Service the slice `key` belonged to.
+    fn unlink_slice(&mut self, key: &(String, String)) {
+        let Some((service, _)) = self.endpoint_slices.get(key) else {
+            return;
+        };
+        let by = (key.0.clone(), service.clone());
+        if let Some(names) = self.slices_by_service.get_mut(&by) {
+            names.remove(&key.1);
+            if names.is_empty() {
+                self.slices_by_service.remove(&by);
+            }
+        }
     }
 
     /// Counts of indexed objects by kind, for metrics and logs.

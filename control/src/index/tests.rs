@@ -277,3 +277,46 @@ spec: {nodeName: node-a, containers: []}
     let w = local.workload_by_name("shop", "sneaky").unwrap();
     assert_eq!(w.pod.netns.as_deref(), Some("/proc/1/ns/net"));
 }
+
+#[test]
+fn endpoints_follow_their_slices_through_relabel_delete_and_relist() {
+    let slice = |name: &str, service: &str, ip: &str| {
+        format!(
+            "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: {name}, namespace: shop, labels: {{kubernetes.io/service-name: {service}}}}}\naddressType: IPv4\nendpoints: [{{addresses: [{ip}]}}]\n"
+        )
+    };
+    let mut idx = ClusterIndex::new("cluster.local");
+    for o in objects(&format!(
+        "{}---\n{}",
+        slice("web-1", "web", "10.1.0.1"),
+        slice("web-2", "web", "10.1.0.2")
+    )) {
+        idx.apply(o).unwrap();
+    }
+    let ips = |idx: &ClusterIndex, svc: &str| -> Vec<String> {
+        idx.service_endpoints("shop", svc)
+            .iter()
+            .map(|e| e.address.to_string())
+            .collect()
+    };
+    assert_eq!(ips(&idx, "web"), ["10.1.0.1", "10.1.0.2"]);
+    // A slice moved to another Service leaves the first.
+    idx.apply(objects(&slice("web-2", "api", "10.1.0.2")).remove(0))
+        .unwrap();
+    assert_eq!(ips(&idx, "web"), ["10.1.0.1"]);
+    assert_eq!(ips(&idx, "api"), ["10.1.0.2"]);
+    idx.delete(
+        &objects(&slice("web-1", "web", "10.1.0.1"))
+            .remove(0)
+            .object_ref(),
+    );
+    assert!(ips(&idx, "web").is_empty());
+    // A re-list without web-2 drops it from api.
+    let errors = idx.reset(
+        Kind::EndpointSlice,
+        objects(&slice("web-3", "web", "10.1.0.3")),
+    );
+    assert!(errors.is_empty());
+    assert!(ips(&idx, "api").is_empty());
+    assert_eq!(ips(&idx, "web"), ["10.1.0.3"]);
+}
