@@ -47,6 +47,50 @@ pub struct PodRef {
     pub container_id: String,
 }
 
+impl PodRef {
+    /// Checks that the names can safely become file names (the proxy keeps a record and a
+    /// netns handle per pod under its run directory): a namespace is a DNS-1123 label, a
+    /// name a DNS-1123 subdomain, a sandbox id letters, digits, `_`, `.` and `-` (not
+    /// empty, not `.` or `..`).
+    pub fn validate(&self) -> Result<(), String> {
+        let dns = |s: &str, max: usize, dots: bool| {
+            !s.is_empty()
+                && s.len() <= max
+                && s.bytes().all(|b| {
+                    b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || (dots && b == b'.')
+                })
+                && s.starts_with(|c: char| c.is_ascii_alphanumeric())
+                && s.ends_with(|c: char| c.is_ascii_alphanumeric())
+        };
+        if !dns(&self.namespace, 63, false) {
+            return Err(format!(
+                "K8S_POD_NAMESPACE {:?} is not a Kubernetes namespace name",
+                self.namespace
+            ));
+        }
+        if !dns(&self.name, 253, true) {
+            return Err(format!(
+                "K8S_POD_NAME {:?} is not a Kubernetes pod name",
+                self.name
+            ));
+        }
+        let id = &self.container_id;
+        let id_ok = !id.is_empty()
+            && id.len() <= 256
+            && id != "."
+            && id != ".."
+            && id
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'));
+        if !id_ok {
+            return Err(format!(
+                "CNI_CONTAINERID {id:?} is not a sandbox id (letters, digits, '_', '.', '-')"
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// A pod whose network is up (`ADD`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PodAdd {
@@ -174,5 +218,37 @@ mod tests {
         let mut bad = 3u32.to_be_bytes().to_vec();
         bad.extend_from_slice(b"{x}");
         assert!(matches!(decode::<Request>(&bad), Err(FrameError::Json(_))));
+    }
+}
+
+#[cfg(test)]
+mod pod_ref_tests {
+    use super::PodRef;
+
+    fn pod(namespace: &str, name: &str, container_id: &str) -> PodRef {
+        PodRef {
+            namespace: namespace.into(),
+            name: name.into(),
+            container_id: container_id.into(),
+        }
+    }
+
+    #[test]
+    fn names_that_would_escape_the_run_directory_are_refused() {
+        assert!(pod("shop", "web-7d9f.x", "0123abcd_e.f-9")
+            .validate()
+            .is_ok());
+        for bad in [
+            pod("../etc", "web", "c1"),
+            pod("shop", "../../etc/passwd", "c1"),
+            pod("shop", "web", "../x"),
+            pod("shop", "web", ".."),
+            pod("shop", "web", ""),
+            pod("shop", "Web", "c1"),
+            pod("", "web", "c1"),
+            pod("shop", "web", "a/b"),
+        ] {
+            assert!(bad.validate().is_err(), "{bad:?}");
+        }
     }
 }

@@ -369,6 +369,26 @@ async fn every_command_in_every_version_against_a_real_proxy() {
         m.contains("cni_requests_total{command=\"invalid\",result=\"error\"} 2"),
         "{m}"
     );
+    // A pod reference that would escape the run directory is refused before anything.
+    for (namespace, name, container_id) in [
+        ("shop", "../../../etc/cron.d/x", "c1"),
+        ("shop", "web", "../escape"),
+        ("shop", "web", ""),
+    ] {
+        let request = ambit_api::cni::Request::Del(ambit_api::cni::PodRef {
+            namespace: namespace.into(),
+            name: name.into(),
+            container_id: container_id.into(),
+        });
+        let mut raw = tokio::net::UnixStream::connect(&socket).await.unwrap();
+        raw.write_all(&ambit_api::cni::encode(&request).unwrap())
+            .await
+            .unwrap();
+        let mut answer = Vec::new();
+        raw.read_to_end(&mut answer).await.unwrap();
+        let answer: Value = serde_json::from_slice(&answer[4..]).unwrap();
+        assert_eq!(answer["code"], 4, "{name} {container_id}: {answer}");
+    }
     let web2 = Pod {
         netns: web.netns.clone(),
         ..web

@@ -195,6 +195,19 @@ impl CniServer {
     }
 
     async fn handle(&self, request: Request, netns: Option<OwnedFd>) -> Response {
+        // Names become file names under the run directory: check them before anything.
+        let pod = match &request {
+            Request::Add(add) => Some(&add.pod),
+            Request::Del(pod) | Request::Check(pod) => Some(pod),
+            Request::Status | Request::Gc { .. } => None,
+        };
+        if let Some(Err(e)) = pod.map(PodRef::validate) {
+            return error(
+                code::INVALID_ENV,
+                "invalid pod reference",
+                format!("{e}; nothing was done"),
+            );
+        }
         match request {
             Request::Add(add) => self.add(add, netns).await,
             Request::Del(pod) => self.del(&pod).await,
