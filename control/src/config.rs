@@ -35,6 +35,8 @@ pub mod env {
     pub const DISCOVERY_ADDR: &str = "AMBIT_DISCOVERY_ADDR";
     /// Admin HTTP listen address.
     pub const ADMIN_ADDR: &str = "AMBIT_ADMIN_ADDR";
+    /// Open connections per gRPC listener.
+    pub const MAX_CONNECTIONS: &str = "AMBIT_MAX_CONNECTIONS";
     /// Log filter.
     pub const LOG: &str = "AMBIT_LOG";
     /// Namespace of the control plane (its own identity).
@@ -134,6 +136,11 @@ pub struct Config {
     /// Listen address of the admin server (/metrics, /ready, /live).
     #[arg(long, env = env::ADMIN_ADDR, default_value = "0.0.0.0:9990")]
     pub admin_addr: SocketAddr,
+    /// Connections open at once on each gRPC listener (identity and discovery each); one
+    /// more is closed at once and counted in `control_connections_refused_total`. Each
+    /// node proxy holds one on each.
+    #[arg(long, env = env::MAX_CONNECTIONS, default_value_t = crate::limits::DEFAULT_MAX_CONNECTIONS)]
+    pub max_connections: usize,
     /// Namespace part of the identity the control plane's gRPC servers prove
     /// (`spiffe://<td>/ns/<this>/sa/<service account>`).
     #[arg(long, env = env::CONTROL_NAMESPACE, default_value = ambit_api::CONTROL_PLANE_NAMESPACE)]
@@ -177,6 +184,14 @@ impl Config {
         }
         if self.clock_skew_allowance >= self.cert_lifetime {
             errors.push("--clock-skew-allowance: must be shorter than --cert-lifetime".into());
+        }
+        if !(1..=crate::limits::MAX_MAX_CONNECTIONS).contains(&self.max_connections) {
+            errors.push(format!(
+                "--max-connections: {} is out of range; use 1 to {} (default {}; each node proxy holds one connection per gRPC listener)",
+                self.max_connections,
+                crate::limits::MAX_MAX_CONNECTIONS,
+                crate::limits::DEFAULT_MAX_CONNECTIONS
+            ));
         }
         if self.local_poll_interval.is_zero() {
             errors.push("--local-poll-interval: must be more than 0".into());
@@ -265,6 +280,8 @@ mod tests {
     fn the_kube_backend_refuses_local_flags_and_bad_values_naming_each() {
         assert!(kube(&[]).validate().is_ok());
         let errors = kube(&[
+            "--max-connections",
+            "0",
             "--node-tokens",
             "/t",
             "--proxy-service-account",
@@ -280,6 +297,7 @@ mod tests {
         assert_eq!(
             flags,
             [
+                "--max-connections",
                 "--node-tokens",
                 "--token-review-cache-ttl",
                 "--token-audience",
@@ -287,6 +305,11 @@ mod tests {
             ],
             "{errors:?}"
         );
+        assert_eq!(
+            kube(&[]).max_connections,
+            crate::limits::DEFAULT_MAX_CONNECTIONS
+        );
+        assert_eq!(kube(&["--max-connections", "50"]).max_connections, 50);
         assert_eq!(
             kube(&[]).proxy_service_account(),
             Some(("ambit".into(), "ambit-proxy".into()))

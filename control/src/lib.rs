@@ -15,6 +15,7 @@
 //! - [`discovery`]: the discovery gRPC service: a snapshot, then deltas, per node proxy.
 //! - [`tls`]: the control plane's own SVID and TLS on its gRPC ports.
 //! - [`admin`]: `/metrics`, `/ready`, `/live`; [`ready`]: what `/ready` waits for.
+//! - [`limits`]: connection limits, HTTP/2 limits and timeouts of every server.
 //!
 //! [`Control::build`] loads and checks everything; [`Control::serve`] takes
 //! already-bound listeners, so tests bind port 0.
@@ -27,6 +28,7 @@ pub mod discovery;
 pub mod identity;
 pub mod index;
 pub mod kubernetes;
+pub mod limits;
 pub mod local;
 pub mod pki;
 pub mod ready;
@@ -85,6 +87,7 @@ pub struct Control {
     identity: IdentityService,
     discovery: discovery::DiscoveryService,
     registry: Registry,
+    connections: limits::ConnectionMetrics,
     backend: Box<dyn Backend>,
     /// The CA, the control plane's identity, its serving certificate and its notAfter.
     tls: (
@@ -134,6 +137,7 @@ impl Control {
         let mut registry = Registry::default();
         let identity_metrics = IdentityMetrics::register(&mut registry);
         let discovery_metrics = discovery::DiscoveryMetrics::register(&mut registry);
+        let connections = limits::ConnectionMetrics::register(&mut registry);
         let backend = backend::build(&config, &mut registry).await?;
         let index = backend.index();
         let auth = NodeAuth::new(backend.authenticator(), &mut registry);
@@ -163,6 +167,7 @@ impl Control {
             identity,
             discovery,
             registry,
+            connections,
             backend,
             tls: (ca, own_id, serving, serving_not_after),
         })
@@ -193,13 +198,20 @@ impl Control {
         ready.pending(SERVERS);
         let watcher = tokio::spawn(self.backend.run(ready.clone(), Box::pin(drained())));
 
+        let limit = |server| {
+            let max = match server {
+                "admin" => limits::ADMIN_MAX_CONNECTIONS,
+                _ => self.config.max_connections,
+            };
+            limits::ConnectionLimit::new(server, max, &self.connections)
+        };
         let admin = admin::router(Arc::new(self.registry), ready.clone());
-        let admin_shutdown = drained();
-        let admin_task = tokio::spawn(async move {
-            axum::serve(listeners.admin, admin)
-                .with_graceful_shutdown(admin_shutdown)
-                .await
-        });
+        let admin_task = tokio::spawn(admin::serve(
+            listeners.admin,
+            admin,
+            limit("admin"),
+            drained(),
+        ));
 
         let (ca, own_id, serving, not_after) = self.tls;
         let acceptor = serving.acceptor().map_err(|e| StartError::Serve {
@@ -207,16 +219,19 @@ impl Control {
             message: e.to_string(),
         })?;
         let renewal = tokio::spawn(serving.renew(ca, own_id, not_after));
-        let identity = tonic::transport::Server::builder()
+        let identity = limits::grpc_server()
             .add_service(self.identity.into_server())
             .serve_with_incoming_shutdown(
-                tls::incoming(listeners.identity, acceptor.clone()),
+                tls::incoming(listeners.identity, acceptor.clone(), limit("identity")),
                 drained(),
             );
         let publisher = tokio::spawn(self.discovery.publisher(ready.clone(), drained()));
-        let discovery = tonic::transport::Server::builder()
+        let discovery = limits::grpc_server()
             .add_service(self.discovery.with_drain(drain_rx2).into_server())
-            .serve_with_incoming_shutdown(tls::incoming(listeners.discovery, acceptor), drained());
+            .serve_with_incoming_shutdown(
+                tls::incoming(listeners.discovery, acceptor, limit("discovery")),
+                drained(),
+            );
         let identity_task = tokio::spawn(identity);
         let discovery_task = tokio::spawn(discovery);
         ready.done(SERVERS);

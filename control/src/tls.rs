@@ -4,6 +4,7 @@
 //! proxies check it against the trust bundle, so node tokens and CSRs never cross the
 //! network in the clear.
 
+use crate::limits::{self, ConnectionLimit, ConnectionPermit};
 use crate::pki::{CertificateAuthority, CsrError};
 use ambit_api::WorkloadIdentity;
 use rcgen::{CertificateParams, KeyPair, PKCS_ECDSA_P256_SHA256};
@@ -20,8 +21,10 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use tokio_rustls::TlsAcceptor;
 
-/// How long a client may take to complete the handshake.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a client may take to complete the TLS handshake. A node proxy completes it in
+/// a round trip or two; one that sends nothing (or trickles bytes) holds its connection,
+/// and its place under the listener's limit, this long at most.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The control plane's own certificate, swapped in place on renewal.
 #[derive(Clone, Debug)]
@@ -128,15 +131,20 @@ impl ServingCert {
     }
 }
 
-/// An accepted TLS connection, as tonic serves it.
+/// An accepted TLS connection, as tonic serves it; holds its place under the listener's
+/// connection limit until tonic drops it.
 #[derive(Debug)]
-pub struct TlsConn(tokio_rustls::server::TlsStream<TcpStream>);
+pub struct TlsConn {
+    // First, so dropped first: the place is free by the time the client sees the close.
+    _permit: ConnectionPermit,
+    tls: tokio_rustls::server::TlsStream<TcpStream>,
+}
 
 impl tonic::transport::server::Connected for TlsConn {
     type ConnectInfo = tonic::transport::server::TcpConnectInfo;
 
     fn connect_info(&self) -> Self::ConnectInfo {
-        self.0.get_ref().0.connect_info()
+        self.tls.get_ref().0.connect_info()
     }
 }
 
@@ -146,7 +154,7 @@ impl AsyncRead for TlsConn {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.0).poll_read(cx, buf)
+        Pin::new(&mut self.tls).poll_read(cx, buf)
     }
 }
 
@@ -156,22 +164,24 @@ impl AsyncWrite for TlsConn {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.0).poll_write(cx, buf)
+        Pin::new(&mut self.tls).poll_write(cx, buf)
     }
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.0).poll_flush(cx)
+        Pin::new(&mut self.tls).poll_flush(cx)
     }
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.0).poll_shutdown(cx)
+        Pin::new(&mut self.tls).poll_shutdown(cx)
     }
 }
 
-/// Accepts on `listener`, completes TLS handshakes (each in its own task, bounded in
-/// time, so a slow client holds up nobody), and yields the connections. Stops when the
-/// stream is dropped.
+/// Accepts on `listener` up to `limit` connections at once (one over it is closed at once
+/// and counted), completes TLS handshakes (each in its own task, bounded in time, so a
+/// slow client holds up nobody), and yields the connections. Stops when the stream is
+/// dropped.
 pub fn incoming(
     listener: TcpListener,
     acceptor: TlsAcceptor,
+    mut limit: ConnectionLimit,
 ) -> tokio_stream::wrappers::ReceiverStream<io::Result<TlsConn>> {
     let (tx, rx) = mpsc::channel(128);
     tokio::spawn(async move {
@@ -188,14 +198,22 @@ pub fn incoming(
                     continue;
                 }
             };
-            // gRPC exchanges are small: without TCP_NODELAY, Nagle and delayed ACKs stall
-            // each one ~40 ms (measured: 363 → 9,700 certificates/s; BENCHMARKS.md).
-            let _ = tcp.set_nodelay(true);
+            let Some(permit) = limit.admit(&tcp, peer) else {
+                continue;
+            };
+            if let Err(error) = limits::configure_socket(&tcp) {
+                tracing::debug!(%peer, %error, "cannot set TCP_NODELAY or keepalive");
+            }
             let (tx, acceptor) = (tx.clone(), acceptor.clone());
             tokio::spawn(async move {
                 match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
                     Ok(Ok(tls)) => {
-                        let _ = tx.send(Ok(TlsConn(tls))).await;
+                        let _ = tx
+                            .send(Ok(TlsConn {
+                                tls,
+                                _permit: permit,
+                            }))
+                            .await;
                     }
                     Ok(Err(error)) => tracing::info!(%peer, %error, "TLS handshake failed"),
                     Err(_) => tracing::info!(%peer, "TLS handshake timed out"),
