@@ -63,6 +63,23 @@ pub async fn run(
     let http_metrics = crate::proxy::HttpMetrics::register(&mut registry);
     let cni_metrics = crate::cni::CniMetrics::register(&mut registry);
     let enrol_metrics = crate::enrol::EnrolMetrics::register(&mut registry);
+    let fd_limit = crate::limits::raise_fd_limit();
+    let max_connections = match config.max_connections {
+        0 => crate::limits::connections_for(fd_limit),
+        n => n,
+    };
+    tracing::info!(
+        fd_limit,
+        max_connections,
+        per_pod = config.max_connections_per_pod,
+        "connection limits"
+    );
+    let limits = crate::limits::Limits::register(
+        &mut registry,
+        max_connections,
+        config.max_connections_per_pod,
+        fd_limit,
+    );
     let token = TokenSource::file(
         &config.token_file,
         crate::token::TokenMetrics::register(&mut registry),
@@ -137,6 +154,11 @@ pub async fn run(
                 node: config.node_name.clone(),
                 add_timeout: config.cni_add_timeout,
                 metrics: cni_metrics,
+                peers: crate::cni::PeerPolicy {
+                    plugin_binary: Some(config.cni_plugin_binary.clone())
+                        .filter(|p| !p.as_os_str().is_empty()),
+                    proc_root: config.proc_root.clone(),
+                },
             },
             drained(),
         ))),
@@ -156,6 +178,9 @@ pub async fn run(
             redirector: redirector.clone(),
             cni_pods: pods.subscribe(),
             serving: serving.clone(),
+            limits: limits.clone(),
+            http_idle_timeout: config.http_idle_timeout,
+            local_netns_dir: config.local_netns_dir.clone(),
         },
         config.node_name.clone(),
         drained(),

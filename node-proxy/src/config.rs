@@ -43,6 +43,17 @@ pub mod env {
     pub const CNI_ADD_TIMEOUT: &str = "AMBIT_CNI_ADD_TIMEOUT";
     /// The host's `/proc`, where running pods' network namespaces are found.
     pub const PROC_ROOT: &str = "AMBIT_PROC_ROOT";
+    /// The CNI plugin's executable, the only program the CNI socket serves (empty: any
+    /// root process).
+    pub const CNI_PLUGIN_BINARY: &str = "AMBIT_CNI_PLUGIN_BINARY";
+    /// Connections the proxy admits at once across all pods (0: from the descriptor limit).
+    pub const MAX_CONNECTIONS: &str = "AMBIT_MAX_CONNECTIONS";
+    /// Connections one pod's listeners admit at once.
+    pub const MAX_CONNECTIONS_PER_POD: &str = "AMBIT_MAX_CONNECTIONS_PER_POD";
+    /// How long an HTTP connection from an application may stay silent before it is closed.
+    pub const HTTP_IDLE_TIMEOUT: &str = "AMBIT_HTTP_IDLE_TIMEOUT";
+    /// The only directory whose network namespaces discovery may name (local mode).
+    pub const LOCAL_NETNS_DIR: &str = "AMBIT_LOCAL_NETNS_DIR";
 }
 
 /// Defaults, as the DaemonSet runs the proxy.
@@ -58,6 +69,8 @@ pub mod defaults {
     pub const RUN_DIR: &str = "/var/run/ambit";
     /// The proc filesystem (the chart mounts the host's at `/host/proc`).
     pub const PROC_ROOT: &str = "/proc";
+    /// Where `ip netns add` puts network namespaces.
+    pub const LOCAL_NETNS_DIR: &str = "/run/netns";
 }
 
 /// `ambit-proxy` configuration.
@@ -124,6 +137,31 @@ pub struct Config {
     /// by the pod UID in a process's cgroup (empty: no such enrolment).
     #[arg(long, env = env::PROC_ROOT, default_value = defaults::PROC_ROOT, value_parser = path_or_empty)]
     pub proc_root: PathBuf,
+    /// The CNI plugin's executable on this node (e.g. `/opt/cni/bin/ambit-cni` as the proxy
+    /// sees it): the CNI socket then serves only processes running this very file (same
+    /// device and inode, looked up at each request) through `<proc-root>/<pid>/exe`, which
+    /// takes the proxy in the host's pid namespace. Empty: any root process (the socket
+    /// always refuses peers that are not root).
+    #[arg(long, env = env::CNI_PLUGIN_BINARY, default_value = "", value_parser = path_or_empty)]
+    pub cni_plugin_binary: PathBuf,
+    /// Connections the proxy admits at once, across every pod and listener; beyond it a new
+    /// connection is closed on accept and counted in `tcp_connections_refused_total`
+    /// (0: derived from the descriptor limit, which the proxy raises to its hard limit).
+    #[arg(long, env = env::MAX_CONNECTIONS, default_value_t = 0)]
+    pub max_connections: usize,
+    /// Connections one pod's listeners (4140, 4143, 4144 together) admit at once, so that
+    /// one pod's flood leaves the others their share.
+    #[arg(long, env = env::MAX_CONNECTIONS_PER_POD, default_value_t = 10_000)]
+    pub max_connections_per_pod: usize,
+    /// How long an application's HTTP connection to the proxy may go without a byte either
+    /// way before the proxy closes it (gracefully: a request in flight finishes).
+    #[arg(long, env = env::HTTP_IDLE_TIMEOUT, default_value = "10m", value_parser = ambit_api::duration::parse_duration)]
+    #[serde(serialize_with = "ser_duration")]
+    pub http_idle_timeout: std::time::Duration,
+    /// Network namespaces named by discovery (`local.ambit.dev/netns`, local mode only) are
+    /// honoured only under this directory; never the proxy's own namespace.
+    #[arg(long, env = env::LOCAL_NETNS_DIR, default_value = defaults::LOCAL_NETNS_DIR)]
+    pub local_netns_dir: PathBuf,
     /// Worker threads of the proxy's runtime (1: a single-threaded runtime).
     #[arg(long, env = env::WORKER_THREADS, default_value_t = 1)]
     pub worker_threads: usize,
@@ -201,6 +239,13 @@ mod tests {
         assert_eq!(c.proc_root, PathBuf::from("/proc"));
         let c = parse(&["--proc-root", "/host/proc"]).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(c.proc_root, PathBuf::from("/host/proc"));
+        assert!(c.cni_plugin_binary.as_os_str().is_empty());
+        let c = parse(&["--cni-plugin-binary", "/host/opt/cni/bin/ambit-cni"])
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            c.cni_plugin_binary,
+            PathBuf::from("/host/opt/cni/bin/ambit-cni")
+        );
         assert!(parse(&["--redirect", "iptables"]).is_err());
     }
 }

@@ -18,9 +18,9 @@
 //! - [`admin`]: `/metrics`, `/ready`, `/live`, and the loopback-only admin views
 //!   (`/config_dump`, `/log-level`, `/shutdown`).
 //! - [`logging`]: a log filter changeable at run time.
-//!
-//! The data path (in-pod listeners, the mesh tunnel, L7) comes next; see the project
-//! README for what works today.
+//! - [`limits`]: connection budgets per pod and per node, out of the descriptor limit.
+//! - [`proxy`]: the data path — the in-pod listeners, the mesh tunnel, L7.
+//! - [`netns`]: sockets inside a pod's network namespace.
 
 pub mod admin;
 pub mod app;
@@ -30,6 +30,7 @@ pub mod control;
 pub mod discovery;
 pub mod enrol;
 pub mod identity;
+pub mod limits;
 pub mod logging;
 pub mod netns;
 pub mod proxy;

@@ -64,6 +64,14 @@ impl Netns {
         })
     }
 
+    /// The namespace's identity (device and inode of its nsfs file): two handles with the
+    /// same id are the same namespace, whatever their paths.
+    pub fn id(&self) -> io::Result<(u64, u64)> {
+        use std::os::unix::fs::MetadataExt;
+        let m = self.file.metadata()?;
+        Ok((m.dev(), m.ino()))
+    }
+
     /// The netns path.
     pub fn path(&self) -> &Path {
         &self.path
@@ -136,6 +144,13 @@ impl Netns {
     pub async fn connect(&self, dst: SocketAddr, mark: u32) -> io::Result<tokio::net::TcpStream> {
         self.socket(dst, mark).await?.connect(dst).await
     }
+}
+
+/// The identity (device, inode) of the network namespace the proxy itself runs in.
+pub fn own_id() -> io::Result<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata("/proc/self/ns/net")?;
+    Ok((m.dev(), m.ino()))
 }
 
 /// The destination a connection had before an nftables REDIRECT sent it to us.

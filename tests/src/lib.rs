@@ -328,34 +328,38 @@ pub fn proxy_config(
     token_file: PathBuf,
     trust_anchors: PathBuf,
 ) -> ambit_proxy::config::Config {
-    ambit_proxy::config::Config {
-        node_name: node.into(),
-        identity_url,
-        discovery_url,
-        trust_anchors,
-        trust_domain: "cluster.local".into(),
-        admin_addr: "127.0.0.1:0".parse().unwrap(),
-        detect_timeout: Duration::from_secs(10),
-        worker_threads: 1,
-        redirect: ambit_proxy::proxy::Redirect::Nftables,
-        // No CNI socket: these pods name their netns (local.ambit.dev/netns). The CNI
-        // tests set their own.
-        cni_socket: PathBuf::new(),
-        // Beside the token file, so that it goes with the test's temporary directory.
-        run_dir: token_file.with_extension("run"),
-        token_file,
-        bpf_pin_dir: PathBuf::from(format!(
-            "/sys/fs/bpf/ambit-e2e-{}-{node}",
-            std::process::id()
-        )),
-        // Never the machine's root cgroup: tests that use eBPF set a cgroup of their own.
-        cgroup_path: PathBuf::from("/nonexistent-cgroup"),
-        cni_add_timeout: Duration::from_secs(10),
-        // The real /proc: running pods are enrolled from it (tests/tests/enrol.rs).
-        proc_root: PathBuf::from("/proc"),
-        control_identity: None,
-        log: "info".into(),
-    }
+    // The binary's own defaults (clap's), so that a new flag needs no change here; then
+    // what the tests need.
+    let mut config = <ambit_proxy::config::Config as clap::Parser>::try_parse_from([
+        "ambit-proxy",
+        "--node-name",
+        node,
+        "--trust-anchors",
+        "/nonexistent",
+    ])
+    .expect("the proxy's defaults parse");
+    config.identity_url = identity_url;
+    config.discovery_url = discovery_url;
+    config.trust_anchors = trust_anchors;
+    config.trust_domain = "cluster.local".into();
+    config.admin_addr = "127.0.0.1:0".parse().unwrap();
+    config.redirect = ambit_proxy::proxy::Redirect::Nftables;
+    // No CNI socket: these pods name their netns (local.ambit.dev/netns). The CNI tests
+    // set their own.
+    config.cni_socket = PathBuf::new();
+    // Beside the token file, so that it goes with the test's temporary directory.
+    config.run_dir = token_file.with_extension("run");
+    config.token_file = token_file;
+    config.bpf_pin_dir = PathBuf::from(format!(
+        "/sys/fs/bpf/ambit-e2e-{}-{node}",
+        std::process::id()
+    ));
+    // Never the machine's root cgroup: tests that use eBPF set a cgroup of their own.
+    config.cgroup_path = PathBuf::from("/nonexistent-cgroup");
+    config.cni_add_timeout = Duration::from_secs(10);
+    // The real /proc: running pods are enrolled from it (tests/tests/enrol.rs).
+    config.proc_root = PathBuf::from("/proc");
+    config
 }
 
 /// Releases, on drop, the netns handles a proxy keeps under its run directory (bind
@@ -409,6 +413,11 @@ impl NodeProxy {
     /// As [`Self::start`], without waiting for `/ready`.
     pub async fn spawn(cp: &ControlPlane, node: &str) -> Self {
         Self::launch(Self::config(cp, node))
+    }
+
+    /// As [`Self::start_config`], without waiting for `/ready`.
+    pub fn spawn_config(config: ambit_proxy::config::Config) -> Self {
+        Self::launch(config)
     }
 
     /// Runs the proxy as its own process would: on a thread of its own with its own

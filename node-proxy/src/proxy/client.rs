@@ -12,7 +12,7 @@ use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// How long connecting to an application or endpoint may take.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -50,11 +50,14 @@ impl tower_service::Service<http::Uri> for NetnsConnector {
     }
 }
 
+/// A client of one target, and when it was last used.
+type Pooled = (Client<NetnsConnector, Body>, Instant);
+
 /// Pooled HTTP/1.1 and HTTP/2 clients of one pod, one per target endpoint.
 #[derive(Debug)]
 pub struct PodClients {
     netns: Arc<Netns>,
-    clients: Mutex<HashMap<(SocketAddr, bool), Client<NetnsConnector, Body>>>,
+    clients: Mutex<HashMap<(SocketAddr, bool), Pooled>>,
 }
 
 impl PodClients {
@@ -66,20 +69,29 @@ impl PodClients {
         }
     }
 
+    /// Drops the clients (and their idle connections) of targets that `known` no longer
+    /// names (endpoints that left discovery) and that were not used for `idle` (a
+    /// destination outside the cluster is never known, and keeps its client while in use).
+    /// Returns how many remain.
+    pub fn prune(&self, known: impl Fn(SocketAddr) -> bool, idle: Duration) -> usize {
+        let mut clients = self.clients.lock().unwrap_or_else(PoisonError::into_inner);
+        clients.retain(|(target, _), (_, used)| known(*target) || used.elapsed() < idle);
+        clients.len()
+    }
+
     /// The client for `target`, speaking HTTP/2 (prior knowledge) or HTTP/1.1.
     pub fn get(&self, target: SocketAddr, http2: bool) -> Client<NetnsConnector, Body> {
         let mut clients = self.clients.lock().unwrap_or_else(PoisonError::into_inner);
-        clients
-            .entry((target, http2))
-            .or_insert_with(|| {
-                let connector = NetnsConnector {
-                    netns: self.netns.clone(),
-                    target,
-                };
-                let mut b = Client::builder(TokioExecutor::new());
-                b.http2_only(http2);
-                b.build(connector)
-            })
-            .clone()
+        let (client, used) = clients.entry((target, http2)).or_insert_with(|| {
+            let connector = NetnsConnector {
+                netns: self.netns.clone(),
+                target,
+            };
+            let mut b = Client::builder(TokioExecutor::new());
+            b.http2_only(http2);
+            (b.build(connector), Instant::now())
+        });
+        *used = Instant::now();
+        client.clone()
     }
 }

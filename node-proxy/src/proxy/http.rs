@@ -16,7 +16,7 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Response, StatusCode, Uri, Version};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -86,6 +86,7 @@ pub(super) async fn serve_outbound(
     shared: Shared,
 ) {
     let metrics = shared.metrics.clone();
+    let shared_idle = shared.http_idle_timeout;
     let labels = TrafficLabels::outbound(&pod.workload, String::new(), String::new());
     let routes = Arc::new(Routes::new(shared.http.clone(), labels));
     let service = service_fn(move |req: Request<Incoming>| {
@@ -95,23 +96,36 @@ pub(super) async fn serve_outbound(
             Ok::<_, std::convert::Infallible>(resp)
         }
     });
+    let (io, activity) = super::idle::Tracked::new(io);
     let io = TokioIo::new(io);
+    let idle = activity.idle_for(shared_idle);
     let result = match proto {
         Protocol::Http2 => {
-            hyper::server::conn::http2::Builder::new(TokioExecutor::new())
-                .timer(TokioTimer::new())
-                .max_header_list_size(MAX_HEADER_BYTES as u32)
-                .serve_connection(io, service)
-                .await
+            let conn = super::h2_server(super::H2_APP_MAX_STREAMS).serve_connection(io, service);
+            tokio::pin!(conn);
+            tokio::select! {
+                r = conn.as_mut() => r,
+                _ = idle => {
+                    conn.as_mut().graceful_shutdown();
+                    conn.await
+                }
+            }
         }
         _ => {
-            hyper::server::conn::http1::Builder::new()
+            let conn = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(HEADER_READ_TIMEOUT)
                 .max_buf_size(MAX_HEADER_BYTES)
                 .serve_connection(io, service)
-                .with_upgrades()
-                .await
+                .with_upgrades();
+            tokio::pin!(conn);
+            tokio::select! {
+                r = conn.as_mut() => r,
+                _ = idle => {
+                    conn.as_mut().graceful_shutdown();
+                    conn.await
+                }
+            }
         }
     };
     if let Err(error) = result {
@@ -377,6 +391,9 @@ pub(super) async fn inbound_request(
         ))),
         Some(t) if !w.ips.contains(&t.ip()) => Err(ProxyError::Client(format!(
             "{t} is not an address of this pod"
+        ))),
+        Some(t) if super::is_proxy_port(t.port()) => Err(ProxyError::Client(format!(
+            "{t} is one of the proxy's own ports (4140, 4143, 4144)"
         ))),
         Some(t) => {
             let http1 = req

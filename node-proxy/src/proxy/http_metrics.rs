@@ -176,11 +176,7 @@ impl Route {
     pub fn response(&self, elapsed: Duration, resp: http::Response<Body>) -> http::Response<Body> {
         self.0.latency.observe(elapsed.as_secs_f64() * 1000.0);
         let status = resp.status();
-        let grpc = resp
-            .headers()
-            .get("grpc-status")
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string);
+        let grpc = resp.headers().get("grpc-status").map(grpc_status_label);
         let (parts, body) = resp.into_parts();
         let observed = Observed {
             inner: body,
@@ -191,6 +187,16 @@ impl Route {
             }),
         };
         http::Response::from_parts(parts, observed.boxed())
+    }
+}
+
+/// A `grpc-status` as a label: one of the 17 codes gRPC defines, else `unknown` — the
+/// value comes from the network (an upstream outside the mesh can send anything), and a
+/// label must not take arbitrarily many values.
+fn grpc_status_label(v: &http::HeaderValue) -> String {
+    match v.to_str().ok().and_then(|s| s.parse::<u8>().ok()) {
+        Some(code) if code <= 16 => code.to_string(),
+        _ => "unknown".into(),
     }
 }
 
@@ -249,7 +255,7 @@ impl http_body::Body for Observed {
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(t) = frame.trailers_ref() {
                     if let (Some(f), Some(g)) = (self.finish.as_mut(), t.get("grpc-status")) {
-                        f.grpc = g.to_str().ok().map(str::to_string);
+                        f.grpc = Some(grpc_status_label(g));
                     }
                 }
             }
@@ -330,6 +336,33 @@ mod tests {
             "more than one series for {labels:?}:\n{text}"
         );
         line.rsplit(' ').next()?.parse().ok()
+    }
+
+    #[test]
+    fn grpc_status_labels_from_the_network_take_only_known_values() {
+        let mut r = Registry::default();
+        let m = HttpMetrics::register(&mut r);
+        let routes = Routes::new(m.clone(), base());
+        let route = routes.get("", None);
+        // An upstream outside the mesh answering with a new grpc-status each time.
+        for i in 0..200 {
+            let junk = format!("{i}-junk");
+            respond(&route, 200, Some(&junk));
+            respond(&route, 200, Some(&(1000 + i).to_string()));
+        }
+        respond(&route, 200, Some("16"));
+        let t = text(&r);
+        let series: std::collections::BTreeSet<&str> = t
+            .lines()
+            .filter(|l| l.starts_with("response_total{"))
+            .filter_map(|l| l.split("grpc_status=\"").nth(1)?.split('"').next())
+            .collect();
+        assert_eq!(series, ["16", "unknown"].into(), "{t}");
+        assert_eq!(
+            value(&t, "response_total", &["grpc_status=\"unknown\""]),
+            Some(400.0),
+            "{t}"
+        );
     }
 
     #[test]

@@ -8,7 +8,7 @@ use super::{
 use crate::tls::svid_identity;
 use ambit_api::WorkloadIdentity;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::TokioIo;
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 use std::net::SocketAddr;
@@ -64,7 +64,7 @@ pub(super) async fn serve_mesh(
         stop,
         pod,
         shared,
-        "inbound",
+        ("inbound", "inbound_mesh"),
         move |stream, peer, pod, shared| {
             let acceptor = acceptor.clone();
             async move { mesh_connection(stream, peer, &pod, &shared, acceptor).await }
@@ -121,7 +121,10 @@ async fn mesh_connection(
             }
         })
     };
-    let conn = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+    // Idle: no byte either way for the idle timeout (the peer proxy's pool keeps no PINGs
+    // going on an idle connection) — GOAWAY, and the peer opens a new one when it needs it.
+    let (tls, activity) = super::idle::Tracked::new(tls);
+    let conn = super::h2_server(super::H2_MESH_MAX_STREAMS)
         .initial_stream_window_size(super::H2_STREAM_WINDOW)
         .initial_connection_window_size(super::H2_CONN_WINDOW)
         .max_frame_size(super::H2_MAX_FRAME)
@@ -134,6 +137,10 @@ async fn mesh_connection(
     let result = tokio::select! {
         r = conn.as_mut() => r,
         _ = async { drop(stopped.wait_for(|s| *s).await) } => {
+            conn.as_mut().graceful_shutdown();
+            conn.await
+        }
+        _ = activity.idle_for(shared.http_idle_timeout) => {
             conn.as_mut().graceful_shutdown();
             conn.await
         }
@@ -178,6 +185,13 @@ async fn connect_stream(
             "target is not an address of this pod",
         );
     }
+    if super::is_proxy_port(target.port()) {
+        shared.metrics.error("inbound", "client");
+        return refuse(
+            http::StatusCode::FORBIDDEN,
+            "target is one of the proxy's own ports (4140, 4143, 4144)",
+        );
+    }
     let mut server = match pod.netns.connect(target, PROXY_MARK).await {
         Ok(s) => s,
         Err(e) => {
@@ -216,7 +230,7 @@ pub(super) async fn serve_plain(
         stop,
         pod,
         shared,
-        "inbound",
+        ("inbound", "inbound_plain"),
         |stream, _, pod, shared| async move { plain_connection(stream, &pod, &shared).await },
     )
     .await;
@@ -233,7 +247,7 @@ async fn plain_connection(
             "no original destination (was the connection redirected?): {e}"
         ))
     })?;
-    if !pod.workload.ips.contains(&target.ip()) || target.port() == super::INBOUND_PLAIN_PORT {
+    if !pod.workload.ips.contains(&target.ip()) || super::is_proxy_port(target.port()) {
         return Err(ProxyError::Client(format!(
             "{target} is not a destination in this pod"
         )));

@@ -17,6 +17,7 @@ mod client;
 mod detect;
 mod http;
 mod http_metrics;
+mod idle;
 mod inbound;
 mod metrics;
 mod outbound;
@@ -52,13 +53,15 @@ pub const INBOUND_PLAIN_PORT: u16 = ambit_ebpf::common::INBOUND_PLAIN_PORT;
 pub const PROXY_MARK: u32 = ambit_ebpf::common::PROXY_MARK;
 /// How soon opening a pod's listeners is tried again after it failed.
 pub const START_RETRY: std::time::Duration = std::time::Duration::from_secs(5);
+/// How often idle and dead tunnels are dropped from the pool.
+pub const PRUNE_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
 /// How long a departed pod's metric series stay, so that Prometheus scrapes them once more.
 pub const DEPARTED_METRICS_TTL: std::time::Duration = std::time::Duration::from_secs(60);
 /// Response header naming why the proxy failed a request, as Linkerd's `l5d-proxy-error`.
 pub const ERROR_HEADER: &str = "ambit-proxy-error";
 
 /// Why a proxied connection failed, and whose fault it was.
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 pub enum ProxyError {
     /// The peer could not be reached or refused.
     #[error("upstream: {0}")]
@@ -121,6 +124,12 @@ pub struct Shared {
     pub cni_pods: watch::Receiver<CniPods>,
     /// Pods whose listeners are open, for `/ready` and the CNI plugin.
     pub serving: ServingPods,
+    /// Connection budgets.
+    pub limits: crate::limits::Limits,
+    /// How long an application's HTTP connection may stay silent.
+    pub http_idle_timeout: std::time::Duration,
+    /// The directory discovery-named network namespaces must be in (local mode).
+    pub local_netns_dir: std::path::PathBuf,
 }
 
 /// Every pod whose listeners (and redirection) are in place: `<namespace>/<name>` and the
@@ -164,6 +173,8 @@ pub struct PodContext {
     pub clients: client::PodClients,
     /// Turns true when the pod leaves or the proxy drains.
     pub stopped: watch::Receiver<bool>,
+    /// The connections its listeners may hold at once.
+    pub budget: Arc<tokio::sync::Semaphore>,
 }
 
 struct Running {
@@ -183,6 +194,9 @@ pub async fn serve_pods(
     let mut state = shared.state.clone();
     let mut cni = shared.cni_pods.clone();
     let mut running: BTreeMap<String, Running> = BTreeMap::new();
+    // Idle tunnels are dropped even when discovery has nothing new to say.
+    let mut prune = tokio::time::interval(PRUNE_EVERY);
+    prune.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let mut failed = false;
         let s = state.borrow_and_update().clone();
@@ -191,6 +205,15 @@ pub async fn serve_pods(
         shared
             .balancer
             .retain(|a: &SocketAddr| known.contains(&a.ip()));
+        // So do their tunnels and HTTP clients (and idle or dead tunnels).
+        shared.pool.prune(|ip| known.contains(&ip));
+        for r in running.values() {
+            let own = &r.pod.workload.ips;
+            r.pod.clients.prune(
+                |a| known.contains(&a.ip()) || own.contains(&a.ip()),
+                tunnel::POOL_IDLE,
+            );
+        }
         let want = pods_to_serve(&s, &cni.borrow_and_update().clone(), &node);
         let leaving: Vec<String> = running
             .iter()
@@ -224,7 +247,8 @@ pub async fn serve_pods(
             if running.contains_key(&key) {
                 continue;
             }
-            match start_pod(&shared, w.clone()).await {
+            let from_cni = cni.borrow().contains_key(&key);
+            match start_pod(&shared, w.clone(), from_cni, &running).await {
                 Ok(r) => {
                     running.insert(key, r);
                 }
@@ -254,6 +278,7 @@ pub async fn serve_pods(
             changed = state.changed() => if changed.is_err() { break },
             changed = cni.changed() => if changed.is_err() { break },
             _ = retry => {}
+            _ = prune.tick() => {}
         }
     }
     // Shutting down: stop accepting everywhere, and return only once every listener is
@@ -290,9 +315,33 @@ fn forget_later(
     });
 }
 
-async fn start_pod(shared: &Shared, workload: Arc<Workload>) -> std::io::Result<Running> {
+async fn start_pod(
+    shared: &Shared,
+    workload: Arc<Workload>,
+    from_cni: bool,
+    running: &BTreeMap<String, Running>,
+) -> std::io::Result<Running> {
     let path = workload.netns.clone().unwrap_or_default();
+    if !from_cni {
+        netns_allowed(&path, &shared.local_netns_dir)?;
+    }
     let netns = Netns::open(&path)?;
+    let id = netns.id()?;
+    if crate::netns::own_id().is_ok_and(|own| own == id) {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            format!("{} is the proxy's own (the node's) network namespace; refusing to serve a pod there", path.display()),
+        ));
+    }
+    if let Some((other, _)) = running
+        .iter()
+        .find(|(_, r)| r.pod.netns.id().is_ok_and(|o| o == id))
+    {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::AlreadyExists,
+            format!("{} is pod {other}'s network namespace; one pod's namespace is never served for another", path.display()),
+        ));
+    }
     // IPv4 always; IPv6 too when the pod has an IPv6 address (dual-stack clusters).
     let mut unspecified = vec![IpAddr::V4(Ipv4Addr::UNSPECIFIED)];
     if workload.ips.iter().any(IpAddr::is_ipv6) {
@@ -301,13 +350,19 @@ async fn start_pod(shared: &Shared, workload: Arc<Workload>) -> std::io::Result<
     let mut listeners = Vec::new();
     for ip in &unspecified {
         let bind = |port| netns.bind(SocketAddr::new(*ip, port));
+        // Outbound on loopback only: redirection (eBPF and nftables alike) sends the pod's
+        // connections to loopback:4140, and nothing from outside the pod may reach it.
+        let loopback = match ip {
+            IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::LOCALHOST),
+            IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::LOCALHOST),
+        };
         listeners.push((
-            bind(OUTBOUND_PORT).await?,
+            netns.bind(SocketAddr::new(loopback, OUTBOUND_PORT)).await?,
             bind(MESH_PORT).await?,
             bind(INBOUND_PLAIN_PORT).await?,
         ));
     }
-    tracing::info!(pod = %workload.key(), netns = %path.display(), families = unspecified.len(), redirect = shared.redirector.mode(), "listening in the pod: 4140 outbound, 4143 mesh, 4144 plaintext");
+    tracing::info!(pod = %workload.key(), netns = %path.display(), families = unspecified.len(), redirect = shared.redirector.mode(), "listening in the pod: loopback:4140 outbound, 4143 mesh, 4144 plaintext");
     // Listeners first, redirection second: a redirected connection always finds a
     // listener.
     let families: Vec<_> = listeners
@@ -333,6 +388,7 @@ async fn start_pod(shared: &Shared, workload: Arc<Workload>) -> std::io::Result<
         netns_cookie,
         clients,
         stopped: stopped.clone(),
+        budget: shared.limits.pod_budget(),
     });
     let mut loops = Vec::new();
     for (outbound, mesh, plain) in listeners {
@@ -358,6 +414,52 @@ async fn start_pod(shared: &Shared, workload: Arc<Workload>) -> std::io::Result<
     Ok(Running { pod, stop, loops })
 }
 
+/// TCP keepalive on every connection the proxy holds, so that a peer that vanished (a node
+/// gone, a pod killed without a FIN) is noticed and its connection closed: probes after a
+/// minute of silence, every 10 s, 6 unanswered close it (about two minutes in all).
+pub fn keepalive(stream: &tokio::net::TcpStream) -> std::io::Result<()> {
+    let ka = socket2::TcpKeepalive::new()
+        .with_time(std::time::Duration::from_secs(60))
+        .with_interval(std::time::Duration::from_secs(10))
+        .with_retries(6);
+    socket2::SockRef::from(stream).set_tcp_keepalive(&ka)
+}
+
+/// The proxy's own ports in a pod: never a destination a client may ask for (a tunnel or
+/// plaintext connection "to 4140" would reach the outbound listener from outside the pod
+/// and borrow another connection's original destination; one to 4143/4144 would loop).
+pub fn is_proxy_port(port: u16) -> bool {
+    matches!(port, OUTBOUND_PORT | MESH_PORT | INBOUND_PLAIN_PORT)
+}
+
+/// Checks that a netns named by discovery (not handed over by the CNI plugin) is under
+/// `dir`, symlinks resolved: a pod must not point the proxy at the host's or another
+/// pod's namespace.
+fn netns_allowed(path: &std::path::Path, dir: &std::path::Path) -> std::io::Result<()> {
+    let refused = |why: String| {
+        std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            format!(
+                "netns {} {why}; discovery may only name namespaces under {} (--local-netns-dir)",
+                path.display(),
+                dir.display()
+            ),
+        )
+    };
+    let real =
+        std::fs::canonicalize(path).map_err(|e| refused(format!("cannot be resolved ({e})")))?;
+    let dir = std::fs::canonicalize(dir).map_err(|e| {
+        refused(format!(
+            "is not allowed: the directory cannot be resolved ({e})"
+        ))
+    })?;
+    if real.starts_with(&dir) && real != dir {
+        Ok(())
+    } else {
+        Err(refused(format!("resolves to {}", real.display())))
+    }
+}
+
 /// Copy buffer per direction of a relayed connection. 8 KiB (tokio's default) cost a TLS
 /// record and an HTTP/2 frame per 8 KiB; see BENCHMARKS.md for what larger ones bought.
 pub const RELAY_BUFFER: usize = 64 * 1024;
@@ -368,6 +470,36 @@ pub const H2_STREAM_WINDOW: u32 = 4 * 1024 * 1024;
 pub const H2_CONN_WINDOW: u32 = 16 * 1024 * 1024;
 /// Largest HTTP/2 frame the tunnel accepts.
 pub const H2_MAX_FRAME: u32 = 256 * 1024;
+/// Streams one peer proxy may have open at once on one tunnel connection: each proxied
+/// connection or request from one identity to one pod is a stream, so this is generous;
+/// the pod's connection budget bounds the total.
+pub const H2_MESH_MAX_STREAMS: u32 = 10_000;
+/// Streams an application's own HTTP/2 connection may have open at once (gRPC servers
+/// commonly allow 100; Envoy's default is 2^31).
+pub const H2_APP_MAX_STREAMS: u32 = 1_000;
+/// Streams a client may open and reset before the server has accepted them, beyond which
+/// the connection is closed with GOAWAY (rapid reset, CVE-2023-44487).
+pub const H2_MAX_PENDING_RESETS: usize = 50;
+/// Streams the server may reset because the client misbehaved before it closes the
+/// connection (`h2`'s own default, set explicitly).
+pub const H2_MAX_ERROR_RESETS: usize = 1024;
+/// Largest header block (HEADERS plus CONTINUATION) accepted; beyond it the stream is
+/// refused, so a CONTINUATION flood cannot grow a header block without end.
+pub const H2_MAX_HEADER_LIST: u32 = 64 * 1024;
+
+/// An HTTP/2 server with every limit set explicitly (hyper's defaults leave the stream
+/// count unlimited).
+pub fn h2_server(
+    max_streams: u32,
+) -> hyper::server::conn::http2::Builder<hyper_util::rt::TokioExecutor> {
+    let mut b = hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new());
+    b.timer(hyper_util::rt::TokioTimer::new())
+        .max_concurrent_streams(max_streams)
+        .max_pending_accept_reset_streams(H2_MAX_PENDING_RESETS)
+        .max_local_error_reset_streams(H2_MAX_ERROR_RESETS)
+        .max_header_list_size(H2_MAX_HEADER_LIST);
+    b
+}
 
 /// Copies both ways until both sides have closed, passing half-closes through; returns
 /// the bytes read from and written to `client`.
@@ -386,20 +518,24 @@ where
     }
 }
 
-/// Accepts until `stop` turns true and runs `handle` on each connection in its own task; a
-/// failure is counted in `tcp_errors_total{direction}` and logged with the pod and peer.
+/// Accepts until `stop` turns true and runs `handle` on each connection in its own task,
+/// within the pod's and the node's connection budgets (`listener` names it in
+/// `tcp_connections_refused_total`); a failure is counted in `tcp_errors_total{direction}`
+/// and logged with the pod and peer.
 pub(crate) async fn serve_each<F, Fut>(
     listener: tokio::net::TcpListener,
     stop: watch::Receiver<bool>,
     pod: Arc<PodContext>,
     shared: Shared,
-    direction: &'static str,
+    (direction, name): (&'static str, &'static str),
     handle: F,
 ) where
     F: Fn(tokio::net::TcpStream, SocketAddr, Arc<PodContext>, Shared) -> Fut,
     Fut: std::future::Future<Output = Result<(), ProxyError>> + Send + 'static,
 {
-    accept_loop(listener, stop, move |stream, peer| {
+    let (limits, budget) = (shared.limits.clone(), pod.budget.clone());
+    let admit = move || limits.admit(name, Some(&budget));
+    accept_loop(listener, stop, admit, move |stream, peer| {
         let failed = handle(stream, peer, pod.clone(), shared.clone());
         let (pod, shared) = (pod.clone(), shared.clone());
         async move {
@@ -412,10 +548,12 @@ pub(crate) async fn serve_each<F, Fut>(
     .await;
 }
 
-/// Accepts until `stop` turns true, spawning `handle` per connection.
+/// Accepts until `stop` turns true, spawning `handle` per connection that `admit` lets in
+/// (the permit lives as long as the connection); one it refuses is closed at once.
 pub(crate) async fn accept_loop<F, Fut>(
     listener: tokio::net::TcpListener,
     mut stop: watch::Receiver<bool>,
+    admit: impl Fn() -> Option<crate::limits::Admitted>,
     handle: F,
 ) where
     F: Fn(tokio::net::TcpStream, SocketAddr) -> Fut,
@@ -426,8 +564,17 @@ pub(crate) async fn accept_loop<F, Fut>(
             _ = async { drop(stop.wait_for(|s| *s).await) } => return,
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
+                    let Some(permit) = admit() else {
+                        drop(stream);
+                        continue;
+                    };
                     let _ = stream.set_nodelay(true);
-                    tokio::spawn(handle(stream, peer));
+                    let _ = keepalive(&stream);
+                    let conn = handle(stream, peer);
+                    tokio::spawn(async move {
+                        conn.await;
+                        drop(permit);
+                    });
                 }
                 Err(error) => {
                     // EMFILE and friends: back off briefly rather than spin.

@@ -24,7 +24,7 @@ pub(super) async fn serve(
         stop,
         pod,
         shared,
-        "outbound",
+        ("outbound", "outbound"),
         |stream, _, pod, shared| async move { proxy(stream, &pod, &shared).await },
     )
     .await;

@@ -9,20 +9,48 @@ use crate::netns::Netns;
 use crate::tls::{self, TrustBundle};
 use ambit_api::WorkloadIdentity;
 use hyper::client::conn::http2::SendRequest;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use rustls::sign::CertifiedKey;
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 use tokio_rustls::TlsConnector;
 
 /// A pooled HTTP/2 connection to a peer proxy.
 pub(super) type Sender = SendRequest<Body>;
 
+/// How long connecting to a peer proxy may take (TCP).
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// How long the TLS and HTTP/2 handshakes with a peer proxy may take, together.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// HTTP/2 PING interval on a tunnel with streams open: a peer that stops answering is
+/// noticed within interval + timeout, and its streams fail instead of hanging.
+pub const PING_INTERVAL: Duration = Duration::from_secs(20);
+/// How long a PING may go unanswered.
+pub const PING_TIMEOUT: Duration = Duration::from_secs(10);
+/// A pooled tunnel unused this long is dropped (the peer closes its side when idle too).
+pub const POOL_IDLE: Duration = Duration::from_secs(300);
+
+/// A tunnel is pooled per source identity, destination address, and the identity the
+/// destination proved: an address that now belongs to a pod of another identity never
+/// reuses a connection verified for the old one.
+type Key = (WorkloadIdentity, IpAddr, WorkloadIdentity);
+
+/// One set-up shared by every request that needs the connection while it is under way.
+type Attempt = Arc<tokio::sync::OnceCell<Result<Sender, ProxyError>>>;
+
+#[derive(Default)]
+struct Slot {
+    sender: Option<Sender>,
+    last_used: Option<tokio::time::Instant>,
+    attempt: Option<Attempt>,
+}
+
 /// Pooled HTTP/2-over-mTLS connections to peer proxies.
 #[derive(Clone, Default)]
 pub struct TunnelPool {
-    conns: Arc<Mutex<HashMap<(WorkloadIdentity, IpAddr), Sender>>>,
+    conns: Arc<Mutex<HashMap<Key, Slot>>>,
 }
 
 impl std::fmt::Debug for TunnelPool {
@@ -70,28 +98,72 @@ impl<'a> Tunnel<'a> {
 }
 
 impl TunnelPool {
+    fn key(t: &Tunnel<'_>) -> Key {
+        (t.source.0.clone(), t.peer, t.expected.clone())
+    }
+
     /// A ready HTTP/2 connection to the peer proxy (a pooled one, or a new one), and
     /// whether it came from the pool.
     async fn sender_pooled(&self, t: &Tunnel<'_>) -> Result<(Sender, bool), ProxyError> {
-        let key = (t.source.0.clone(), t.peer);
-        let pooled = {
-            let conns = self.conns.lock().unwrap_or_else(PoisonError::into_inner);
-            conns.get(&key).filter(|s| s.is_ready()).cloned()
-        };
-        if let Some(s) = pooled {
-            return Ok((s, true));
+        let key = Self::key(t);
+        {
+            let mut conns = self.conns.lock().unwrap_or_else(PoisonError::into_inner);
+            if let Some(slot) = conns.get_mut(&key) {
+                if let Some(s) = slot.sender.as_ref().filter(|s| s.is_ready()) {
+                    let s = s.clone();
+                    slot.last_used = Some(tokio::time::Instant::now());
+                    return Ok((s, true));
+                }
+            }
         }
         Ok((self.connect_new(t).await?, false))
     }
 
+    /// A new connection, replacing a dead one in the pool. Concurrent callers
+    /// share one set-up: a burst of connections to a new peer costs one handshake, and a
+    /// peer that does not answer costs each of them one timeout, not one each in turn.
     async fn connect_new(&self, t: &Tunnel<'_>) -> Result<Sender, ProxyError> {
-        let key = (t.source.0.clone(), t.peer);
-        let s = connect(t).await?;
-        self.conns
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(key, s.clone());
-        Ok(s)
+        let key = Self::key(t);
+        let attempt = {
+            let mut conns = self.conns.lock().unwrap_or_else(PoisonError::into_inner);
+            let slot = conns.entry(key.clone()).or_default();
+            // Someone already replaced the dead one (a dead one is never ready).
+            if let Some(s) = slot.sender.as_ref().filter(|s| s.is_ready()) {
+                return Ok(s.clone());
+            }
+            slot.attempt.get_or_insert_with(Attempt::default).clone()
+        };
+        let result = attempt.get_or_init(|| connect(t)).await.clone();
+        let mut conns = self.conns.lock().unwrap_or_else(PoisonError::into_inner);
+        let slot = conns.entry(key).or_default();
+        // The first caller back ends the attempt; the next set-up starts afresh.
+        if slot
+            .attempt
+            .as_ref()
+            .is_some_and(|a| Arc::ptr_eq(a, &attempt))
+        {
+            slot.attempt = None;
+            if let Ok(s) = &result {
+                slot.sender = Some(s.clone());
+                slot.last_used = Some(tokio::time::Instant::now());
+            }
+        }
+        result
+    }
+
+    /// Drops tunnels to peers `keep` no longer wants (pods that left discovery), tunnels
+    /// that are dead, and tunnels unused for [`POOL_IDLE`]; returns how many remain.
+    pub fn prune(&self, keep: impl Fn(IpAddr) -> bool) -> usize {
+        let now = tokio::time::Instant::now();
+        let mut conns = self.conns.lock().unwrap_or_else(PoisonError::into_inner);
+        conns.retain(|(_, peer, _), slot| {
+            let fresh = slot
+                .last_used
+                .is_some_and(|t| now.duration_since(t) < POOL_IDLE);
+            let live = slot.sender.as_ref().is_some_and(|s| !s.is_closed());
+            slot.attempt.is_some() || (keep(*peer) && live && fresh)
+        });
+        conns.len()
     }
 
     /// Sends `req` through the tunnel. A pooled connection that turns out to be dead
@@ -155,9 +227,31 @@ impl TunnelPool {
 
 async fn connect(t: &Tunnel<'_>) -> Result<Sender, ProxyError> {
     let addr = SocketAddr::new(t.peer, MESH_PORT);
-    let tcp = t.netns.connect(addr, PROXY_MARK).await.map_err(|e| {
-        ProxyError::Upstream(format!("connecting to the peer proxy at {addr}: {e}"))
-    })?;
+    let tcp = tokio::time::timeout(CONNECT_TIMEOUT, t.netns.connect(addr, PROXY_MARK))
+        .await
+        .map_err(|_| {
+            ProxyError::Timeout(format!(
+                "connecting to the peer proxy at {addr}: no answer in {CONNECT_TIMEOUT:?}"
+            ))
+        })?
+        .map_err(|e| {
+            ProxyError::Upstream(format!("connecting to the peer proxy at {addr}: {e}"))
+        })?;
+    let _ = super::keepalive(&tcp);
+    tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake(t, addr, tcp))
+        .await
+        .map_err(|_| {
+            ProxyError::Timeout(format!(
+                "TLS and HTTP/2 handshakes with the peer proxy at {addr}: not done in {HANDSHAKE_TIMEOUT:?}"
+            ))
+        })?
+}
+
+async fn handshake(
+    t: &Tunnel<'_>,
+    addr: SocketAddr,
+    tcp: tokio::net::TcpStream,
+) -> Result<Sender, ProxyError> {
     let config = tls::client_config(t.bundle, t.source.1.clone(), vec![t.expected.clone()])
         .map_err(|e| ProxyError::Internal(e.to_string()))?;
     let name = rustls_pki_types::ServerName::IpAddress(t.peer.into());
@@ -168,6 +262,12 @@ async fn connect(t: &Tunnel<'_>) -> Result<Sender, ProxyError> {
             ProxyError::Identity(format!("mTLS with {addr} (expecting {}): {e}", t.expected))
         })?;
     let (sender, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+        .timer(TokioTimer::new())
+        .keep_alive_interval(PING_INTERVAL)
+        .keep_alive_timeout(PING_TIMEOUT)
+        // No PINGs on an idle tunnel: the peer closes it when idle, and the pool drops it.
+        .keep_alive_while_idle(false)
+        .max_header_list_size(super::H2_MAX_HEADER_LIST)
         .initial_stream_window_size(super::H2_STREAM_WINDOW)
         .initial_connection_window_size(super::H2_CONN_WINDOW)
         .max_frame_size(super::H2_MAX_FRAME)

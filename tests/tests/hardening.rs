@@ -1,0 +1,325 @@
+//! Hardening of the node proxy's in-pod listeners (issue 10), end to end with the real CNI
+//! chain and unmodified clients: nothing outside a pod reaches its outbound listener; the
+//! proxy's own ports are never a destination; one pod's flood of connections is refused
+//! beyond its budget while the node's other pods are served; idle HTTP connections are
+//! closed; pod-named network namespaces outside the allowed directory are refused. Run as
+//! root.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure
+
+use ambit_e2e::cni::{Cluster, CniPod};
+use ambit_e2e::{http_server, metric_sum, ControlPlane, NodeProxy, NAMESPACES};
+use ambit_proxy::netns::Netns;
+use ambit_proxy::proxy::Redirect;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::AsyncReadExt;
+
+const CNI: &str = env!("CARGO_BIN_EXE_ambit-cni-e2e");
+
+fn pod(name: &str, ns: &str, node: &str, ip: &str) -> String {
+    format!(
+        "---\napiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: {ns}}}\n\
+         spec: {{nodeName: {node}, serviceAccountName: {name}, containers: []}}\n\
+         status: {{podIP: {ip}, phase: Running}}\n"
+    )
+}
+
+fn cluster_yaml() -> String {
+    format!(
+        "{NAMESPACES}{}{}{}{}---
+apiVersion: v1
+kind: Service
+metadata: {{name: web, namespace: shop}}
+spec: {{clusterIP: 10.96.0.10, ports: [{{name: http, port: 80}}]}}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {{name: web-1, namespace: shop, labels: {{kubernetes.io/service-name: web}}}}
+addressType: IPv4
+ports: [{{name: http, port: 8080}}]
+endpoints: [{{addresses: [10.78.2.10], targetRef: {{kind: Pod, name: web, namespace: shop}}}}]
+",
+        pod("cli", "shop", "node-a", "10.78.1.10"),
+        pod("web", "shop", "node-b", "10.78.2.10"),
+        pod("api", "shop", "node-b", "10.78.2.11"),
+        pod("old", "legacy", "node-a", "10.78.1.20"),
+    )
+}
+
+/// Runs `script` with python3 as a process of `pod` (its netns and cgroup, so redirected
+/// as an application is); its stdout.
+async fn python(c: &Arc<Cluster>, pod: &CniPod, script: &str) -> String {
+    let (c, pod, script) = (c.clone(), pod.clone(), script.to_string());
+    let out = tokio::task::spawn_blocking(move || c.exec(&pod, &["python3", "-c", &script]))
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "python3: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// Sends an HTTP request on a raw connection from `pod` to `addr` and prints what came
+/// back before the connection closed (empty: closed without an answer).
+fn raw_request(addr: &str) -> String {
+    let (host, port) = addr.rsplit_once(':').unwrap();
+    format!(
+        r#"
+import socket
+s = socket.create_connection(("{host}", {port}), timeout=10)
+got = b""
+try:
+    s.sendall(b"GET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+    while True:
+        b = s.recv(4096)
+        if not b: break
+        got += b
+except OSError as e:
+    pass
+print(got.split(b"\r\n")[0].decode() if got else "closed")
+"#
+    )
+}
+
+async fn scenario(test: &str, redirect: Redirect) {
+    let c = Arc::new(Cluster::new(test, &["node-a", "node-b"], Path::new(CNI)));
+    let cp = ControlPlane::start(&cluster_yaml(), &["node-a", "node-b"]).await;
+    let mut config_a = c.node("node-a").proxy_config(&cp, redirect);
+    config_a.http_idle_timeout = Duration::from_secs(2);
+    let mut config_b = c.node("node-b").proxy_config(&cp, redirect);
+    config_b.max_connections_per_pod = 20;
+    let a = NodeProxy::start_config(config_a).await;
+    let b = NodeProxy::start_config(config_b).await;
+    let web = c.add("node-b", "shop", "web", 10).await;
+    let api = c.add("node-b", "shop", "api", 11).await;
+    let cli = c.add("node-a", "shop", "cli", 10).await;
+    let old = c.add("node-a", "legacy", "old", 20).await;
+    let web_ns = Netns::open(Path::new(&web.path())).unwrap();
+    let seen = http_server(&web_ns, 8080, "hello from web").await;
+    let api_ns = Netns::open(Path::new(&api.path())).unwrap();
+    http_server(&api_ns, 8080, "hello from api").await;
+    assert_eq!(
+        c.curl_async(&cli, "http://10.96.0.10/").await,
+        Ok((200, "hello from web".into()))
+    );
+
+    // The outbound listener is on loopback only: nothing outside the pod reaches it.
+    let listeners = c.listeners(&web);
+    assert!(listeners.contains("127.0.0.1:4140"), "{listeners}");
+    assert!(
+        !listeners.contains("0.0.0.0:4140") && !listeners.contains("*:4140"),
+        "{listeners}"
+    );
+    // From outside the mesh, the proxy's ports in the pod answer nothing.
+    for port in [4140, 4143, 4144] {
+        let got = python(&c, &old, &raw_request(&format!("10.78.2.10:{port}"))).await;
+        assert!(!got.starts_with("HTTP/1.1 200"), "port {port}: {got}");
+    }
+    // Through the mesh, the proxy's own ports are refused as targets (ambit-dst) with a
+    // reason, where before a request "to 4144" was delivered to the plaintext listener.
+    let reached = seen.lock().unwrap().len();
+    for port in [4140, 4143, 4144] {
+        let out = tokio::task::spawn_blocking({
+            let (c, cli) = (c.clone(), cli.clone());
+            move || {
+                c.exec(
+                    &cli,
+                    &[
+                        "curl",
+                        "-sS",
+                        "--max-time",
+                        "10",
+                        "-D",
+                        "-",
+                        "-o",
+                        "/dev/null",
+                        &format!("http://10.78.2.10:{port}/"),
+                    ],
+                )
+            }
+        })
+        .await
+        .unwrap();
+        let head = String::from_utf8_lossy(&out.stdout).to_lowercase();
+        assert!(head.starts_with("http/1.1 400"), "port {port}: {head}");
+        assert!(head.contains("proxy's own ports"), "port {port}: {head}");
+    }
+    assert_eq!(seen.lock().unwrap().len(), reached);
+
+    // A flood of connections to web (from outside the mesh, through 4144) is admitted up to
+    // web's budget of 20; the rest are closed at once and counted.
+    let old_ns = Netns::open(Path::new(&old.path())).unwrap();
+    let mut held = Vec::new();
+    for _ in 0..30 {
+        let target: SocketAddr = "10.78.2.10:8080".parse().unwrap();
+        if let Ok(s) = old_ns.connect(target, 0).await {
+            held.push(s);
+        }
+    }
+    // Each admitted connection reaches web; the refused ones are closed by the proxy.
+    let mut closed = 0;
+    for s in &mut held {
+        let mut one = [0u8; 1];
+        if let Ok(Ok(0)) = tokio::time::timeout(Duration::from_millis(500), s.read(&mut one)).await
+        {
+            closed += 1;
+        }
+    }
+    let m = b.metrics().await;
+    let refused = metric_sum(
+        &m,
+        "tcp_connections_refused_total",
+        &["listener=\"inbound_plain\"", "reason=\"pod_limit\""],
+    );
+    // 20, less the pooled mesh connection from cli's proxy that web's budget also holds.
+    assert!((10..=11).contains(&refused), "{m}");
+    assert_eq!(closed, refused);
+    // web is full, but the node's other pod is served, by the mesh and in plaintext.
+    assert_eq!(
+        c.curl_async(&cli, "http://10.78.2.11:8080/").await,
+        Ok((200, "hello from api".into()))
+    );
+    assert_eq!(
+        c.curl_async(&old, "http://10.78.2.11:8080/").await,
+        Ok((200, "hello from api".into()))
+    );
+    // Once the flood ends, web's budget is back.
+    drop(held);
+    let mut back = Err(String::new());
+    for _ in 0..50 {
+        back = c.curl_async(&cli, "http://10.96.0.10/").await;
+        if back == Ok((200, "hello from web".into())) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(back, Ok((200, "hello from web".into())));
+
+    // An application's keep-alive HTTP connection that goes quiet is closed by its proxy
+    // after --http-idle-timeout (2 s here), gracefully: the request in flight was answered.
+    let idle = python(
+        &c,
+        &cli,
+        r#"
+import socket, time
+s = socket.create_connection(("10.96.0.10", 80), timeout=30)
+s.sendall(b"GET / HTTP/1.1\r\nhost: web\r\n\r\n")
+got = b""
+while b"hello from web" not in got:
+    got += s.recv(4096)
+start = time.monotonic()
+try:
+    rest = s.recv(4096)
+    print("closed" if rest == b"" else "data")
+except socket.timeout:
+    print("still open after 30 s")
+"#,
+    )
+    .await;
+    assert_eq!(idle, "closed");
+
+    a.stop().await;
+    b.stop().await;
+    for p in [&web, &api, &cli, &old] {
+        let (c2, p) = (c.clone(), p.clone());
+        tokio::task::spawn_blocking(move || c2.del_pod(&p))
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    cp.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listeners_are_bounded_and_unreachable_around_redirection_with_ebpf() {
+    scenario("hardebpf", Redirect::Ebpf).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listeners_are_bounded_and_unreachable_around_redirection_with_nftables() {
+    scenario("hardnft", Redirect::Nftables).await;
+}
+
+/// A pod whose netns (named by discovery, local mode) is outside --local-netns-dir, or is
+/// the proxy's own (the node's) namespace, is never served, and /ready says so; the others
+/// are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_cannot_point_the_proxy_at_another_network_namespace() {
+    let t = ambit_e2e::netns::Topology::new(&["good"]);
+    let good = t.pods[0].clone();
+    let dir = tempfile::tempdir().unwrap();
+    // A path outside the allowed directory, to a real namespace (the good pod's).
+    let outside = dir.path().join("elsewhere");
+    std::fs::write(&outside, b"").unwrap();
+    let bind = std::process::Command::new("mount")
+        .args(["--bind", &good.path(), outside.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(bind.status.success(), "{bind:?}");
+    // Under the allowed directory, but the node's own namespace (this process's: the proxy
+    // runs in it).
+    let host = format!("{}-host", good.name);
+    let attach = std::process::Command::new("ip")
+        .args(["netns", "attach", &host, &std::process::id().to_string()])
+        .output()
+        .unwrap();
+    assert!(attach.status.success(), "{attach:?}");
+    let yaml = format!(
+        "{NAMESPACES}{}{}{}",
+        netns_pod("good", &good.path(), &good.ip.to_string()),
+        netns_pod("elsewhere", outside.to_str().unwrap(), "10.77.0.200"),
+        netns_pod("host", &format!("/run/netns/{host}"), "10.77.0.201"),
+    );
+    let cp = ControlPlane::start(&yaml, &["node-a"]).await;
+    // No redirection: were the check missing, nothing would be written into the node's
+    // own namespace but the listeners this test looks for.
+    let mut config = NodeProxy::config(&cp, "node-a");
+    config.redirect = Redirect::None;
+    let proxy = NodeProxy::spawn_config(config);
+    let mut ready = String::new();
+    for _ in 0..100 {
+        ready = ambit_e2e::http_get(proxy.admin_addr, "/ready").await.1;
+        if ready.contains("listeners not open yet") && !ready.contains("shop/good") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        ready.contains("shop/elsewhere") && ready.contains("shop/host"),
+        "{ready}"
+    );
+    assert!(!ready.contains("shop/good"), "{ready}");
+    let in_good = std::process::Command::new("ip")
+        .args(["netns", "exec", &good.name, "ss", "-ltnH"])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&in_good.stdout).contains(":4143"));
+    // Nothing of the proxy listens in the node's namespace, nor in the good pod's twice.
+    let own = std::process::Command::new("ss")
+        .args(["-ltnH"])
+        .output()
+        .unwrap();
+    let own = String::from_utf8_lossy(&own.stdout);
+    assert!(!own.contains(":4143 "), "{own}");
+    proxy.stop().await;
+    cp.stop().await;
+    let _ = std::process::Command::new("umount").arg(&outside).output();
+    let _ = std::process::Command::new("ip")
+        .args(["netns", "delete", &host])
+        .output();
+    drop(t);
+}
+
+fn netns_pod(name: &str, netns: &str, ip: &str) -> String {
+    format!(
+        "---\napiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: shop, \
+         annotations: {{local.ambit.dev/netns: \"{netns}\"}}}}\n\
+         spec: {{nodeName: node-a, serviceAccountName: {name}, containers: []}}\n\
+         status: {{podIP: {ip}, phase: Running}}\n"
+    )
+}
