@@ -66,7 +66,12 @@ impl Run {
 }
 
 fn cni(env: &[(&str, &str)], stdin: &str) -> Run {
-    let mut cmd = Command::new(CNI);
+    cni_at(Path::new(CNI), env, stdin)
+}
+
+/// As [`cni`], running the plugin binary at `bin`.
+fn cni_at(bin: &Path, env: &[(&str, &str)], stdin: &str) -> Run {
+    let mut cmd = Command::new(bin);
     cmd.env_clear()
         .env("PATH", std::env::var("PATH").unwrap_or_default());
     for (k, v) in env {
@@ -524,4 +529,549 @@ fn bad_input_gets_the_spec_error_codes() {
     );
     assert_eq!(r.status, 0, "{r:?}");
     assert_eq!(r.json(), prev_result("1.0.0", system.ip, &system.netns));
+}
+
+// The CNI socket's refusals: who may talk to it, what it takes as a netns, and what it
+// never does to a sandbox it holds. Each refusal leaves the pod handed over as it was.
+
+use ambit_api::cni::{PodAdd, PodRef, Request, Response};
+use std::os::fd::{AsFd, OwnedFd};
+use std::time::Duration;
+
+/// `web` and `api`, meshed on node-a; `other` is a netns no pod has.
+fn meshed_cluster(t: &Topology) -> String {
+    format!(
+        r#"{NAMESPACES}---
+apiVersion: v1
+kind: Pod
+metadata: {{name: web, namespace: shop}}
+spec: {{nodeName: node-a, serviceAccountName: web, containers: []}}
+status: {{podIP: {}, phase: Running}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: api, namespace: shop}}
+spec: {{nodeName: node-a, serviceAccountName: api, containers: []}}
+status: {{podIP: {}, phase: Running}}
+"#,
+        t.pod("web").ip,
+        t.pod("api").ip
+    )
+}
+
+/// A node-a proxy with a CNI socket of its own directory, and pod `web` handed over by
+/// the plugin as sandbox `s1`.
+struct Node {
+    /// The plugin binary this node's runtime runs.
+    bin: PathBuf,
+    proxy: NodeProxy,
+    cp: ControlPlane,
+    socket: PathBuf,
+    run_dir: PathBuf,
+    sock_dir: tempfile::TempDir,
+    // Dropped in this order: the proxy's netns handles, then the namespaces.
+    handles: ambit_e2e::NetnsHandles,
+    t: Topology,
+}
+
+impl Node {
+    async fn start(configure: impl FnOnce(&mut ambit_proxy::config::Config)) -> Self {
+        Self::start_with(Path::new(CNI), configure).await
+    }
+
+    /// As [`Self::start`], the runtime running the plugin at `bin`.
+    async fn start_with(
+        bin: &Path,
+        configure: impl FnOnce(&mut ambit_proxy::config::Config),
+    ) -> Self {
+        let t = Topology::new(&["web", "api", "other"]);
+        let cp = ControlPlane::start(&meshed_cluster(&t), &["node-a"]).await;
+        let sock_dir = tempfile::tempdir().unwrap();
+        let mut config = NodeProxy::config(&cp, "node-a");
+        config.cni_socket = sock_dir.path().join("cni.sock");
+        config.cni_add_timeout = Duration::from_secs(3);
+        configure(&mut config);
+        let handles = ambit_e2e::NetnsHandles(config.run_dir.clone());
+        let (socket, run_dir) = (config.cni_socket.clone(), config.run_dir.clone());
+        let proxy = NodeProxy::start_config(config).await;
+        let node = Self {
+            bin: bin.to_path_buf(),
+            proxy,
+            cp,
+            socket,
+            run_dir,
+            sock_dir,
+            handles,
+            t,
+        };
+        let add = node.plugin(&node.bin, "ADD", "web", "s1").await;
+        assert_eq!(add.status, 0, "{add:?}");
+        node
+    }
+
+    fn pod(&self, name: &'static str) -> Pod<'static> {
+        Pod {
+            namespace: "shop",
+            name,
+            netns: self.t.pod(name).path(),
+            ip: self.t.pod(name).ip,
+        }
+    }
+
+    /// Runs the plugin binary `bin` for `command` of pod `name`, sandbox `cid`.
+    async fn plugin(&self, bin: &Path, command: &str, name: &'static str, cid: &str) -> Run {
+        let (bin, pod, socket) = (bin.to_path_buf(), self.pod(name), self.socket.clone());
+        let (command, cid) = (command.to_string(), cid.to_string());
+        blocking(move || {
+            let args = k8s_args(&pod);
+            cni_at(
+                &bin,
+                &env(&command, &pod, &cid, &args),
+                &conf("1.0.0", &socket, &pod, true),
+            )
+        })
+        .await
+    }
+
+    /// `web`'s record in the run directory (what the proxy restores on restart).
+    fn web_record(&self) -> Value {
+        let file = self.run_dir.join("pods/shop_web.json");
+        serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap()
+    }
+
+    /// `web` is still handed over as sandbox `s1` in its own netns, and redirected.
+    async fn web_unchanged(&self, before: &Value) {
+        assert_eq!(&self.web_record(), before);
+        let held = before["netns"].as_str().unwrap();
+        assert_eq!(netns_inode(held), netns_inode(&self.t.pod("web").path()));
+        let check = self.plugin(&self.bin, "CHECK", "web", "s1").await;
+        assert_eq!((check.status, check.stdout.as_str()), (0, ""), "{check:?}");
+    }
+
+    async fn metric(&self, name: &str, labels: &[&str]) -> u64 {
+        ambit_e2e::metric_sum(&self.proxy.metrics().await, name, labels)
+    }
+
+    async fn stop(self) {
+        self.proxy.stop().await;
+        self.cp.stop().await;
+        drop(self.handles);
+        drop(self.t);
+    }
+}
+
+fn netns_inode(path: &str) -> (u64, u64) {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    (m.dev(), m.ino())
+}
+
+/// Sends `request` on the socket from this process (root), `fd` riding along.
+async fn ask(socket: &Path, request: Request, fd: Option<OwnedFd>) -> Response {
+    let socket = socket.to_path_buf();
+    blocking(move || {
+        ambit_cni::client::ask(
+            &socket,
+            &request,
+            fd.as_ref().map(AsFd::as_fd),
+            Duration::from_secs(20),
+        )
+        .unwrap()
+    })
+    .await
+}
+
+/// The code, message and details of an error answer.
+fn refused(r: &Response) -> (u32, String, String) {
+    match r {
+        Response::Error { code, msg, details } => (*code, msg.clone(), details.clone()),
+        other => panic!("expected an error, got {other:?}"),
+    }
+}
+
+fn add_web(cid: &str, netns_path: &str) -> Request {
+    Request::Add(PodAdd {
+        pod: PodRef {
+            namespace: "shop".into(),
+            name: "web".into(),
+            container_id: cid.into(),
+        },
+        uid: String::new(),
+        netns_path: netns_path.into(),
+        ips: Vec::new(),
+    })
+}
+
+fn open(path: impl AsRef<Path>) -> OwnedFd {
+    std::fs::File::open(path.as_ref())
+        .unwrap_or_else(|e| panic!("{}: {e}", path.as_ref().display()))
+        .into()
+}
+
+/// A client run as `nobody` (uid 65534): sends `request` and prints the answer's JSON,
+/// or exits 3 if it cannot connect.
+const NOBODY_CLIENT: &str = r#"
+import socket, sys
+s = socket.socket(socket.AF_UNIX)
+try:
+    s.connect(sys.argv[1])
+except OSError as e:
+    print(e, file=sys.stderr)
+    sys.exit(3)
+s.sendall(bytes.fromhex(sys.argv[2]))
+answer = b""
+while True:
+    chunk = s.recv(65536)
+    if not chunk:
+        break
+    answer += chunk
+sys.stdout.write(answer[4:].decode())
+"#;
+
+fn as_nobody(socket: &Path, request: &Request) -> std::process::Output {
+    use std::os::unix::process::CommandExt;
+    let hex: String = ambit_api::cni::encode(request)
+        .unwrap()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    Command::new("/usr/bin/python3")
+        .args(["-I", "-c", NOBODY_CLIENT])
+        .arg(socket)
+        .arg(hex)
+        .uid(65534)
+        .gid(65534)
+        .env_clear()
+        .output()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_that_is_not_root_is_refused_before_its_request_is_read() {
+    use std::os::unix::fs::PermissionsExt;
+    let node = Node::start(|_| {}).await;
+    let before = node.web_record();
+    let del = Request::Del(PodRef {
+        namespace: "shop".into(),
+        name: "web".into(),
+        container_id: "s1".into(),
+    });
+    // The socket is root's alone: nobody cannot even connect.
+    let mode = std::fs::metadata(&node.socket)
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600);
+    let out = blocking({
+        let (socket, del) = (node.socket.clone(), del.clone());
+        move || as_nobody(&socket, &del)
+    })
+    .await;
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+
+    // Made reachable (a wrong mode, a careless mount): the proxy still refuses, and says
+    // why, before reading a byte of the request.
+    std::fs::set_permissions(node.sock_dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(&node.socket, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let out = blocking({
+        let (socket, del) = (node.socket.clone(), del.clone());
+        move || as_nobody(&socket, &del)
+    })
+    .await;
+    assert!(out.status.success(), "{out:?}");
+    let answer: Value =
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {out:?}"));
+    assert_eq!(answer["result"], "error", "{answer}");
+    assert_eq!(answer["code"], ambit_proxy::cni::PEER_REFUSED, "{answer}");
+    let msg = answer["msg"].as_str().unwrap();
+    assert!(
+        msg.contains("root only") && msg.contains("uid 65534"),
+        "{answer}"
+    );
+    let details = answer["details"].as_str().unwrap();
+    assert!(
+        details.contains("nothing was done") && details.contains("0600"),
+        "{answer}"
+    );
+
+    // Nothing changed: web is still handed over and redirected; the refusal is counted,
+    // and no DEL was.
+    node.web_unchanged(&before).await;
+    assert_eq!(
+        node.metric("cni_peers_refused_total", &["reason=\"uid\""])
+            .await,
+        1
+    );
+    assert_eq!(
+        node.metric(
+            "cni_requests_total",
+            &["command=\"invalid\"", "result=\"error\""]
+        )
+        .await,
+        1
+    );
+    assert_eq!(
+        node.metric("cni_requests_total", &["command=\"del\""])
+            .await,
+        0
+    );
+    // Root is still served.
+    let status = ask(&node.socket, Request::Status, None).await;
+    assert_eq!(status, Response::Ok);
+    node.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn add_with_a_descriptor_that_is_not_a_network_namespace_is_refused() {
+    let node = Node::start(|_| {}).await;
+    let before = node.web_record();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("netns");
+    std::fs::write(&file, b"").unwrap();
+    let (pipe, _writer) = nix::unistd::pipe().unwrap();
+    // A new sandbox of web (which would replace s1) and the same sandbox, each with a
+    // descriptor that is not a network namespace.
+    let cases = [
+        ("s2", open(&file), "a regular file"),
+        ("s2", pipe, "a pipe"),
+        ("s2", open("/proc/self/ns/mnt"), "a mount namespace"),
+        ("s1", open("/proc/self/ns/uts"), "a UTS namespace"),
+    ];
+    let n = cases.len() as u64;
+    for (cid, fd, what) in cases {
+        let r = ask(&node.socket, add_web(cid, "/var/run/netns/x"), Some(fd)).await;
+        let (code, msg, details) = refused(&r);
+        assert_eq!(code, 4, "{what}: {r:?}");
+        assert!(
+            msg.contains(&format!("is {what}, not a network namespace")),
+            "{what}: {msg}"
+        );
+        assert!(details.contains("nothing was done"), "{details}");
+    }
+    node.web_unchanged(&before).await;
+    assert_eq!(
+        node.metric(
+            "cni_requests_total",
+            &["command=\"add\"", "result=\"error\""]
+        )
+        .await,
+        n
+    );
+    assert_eq!(
+        node.metric(
+            "cni_requests_total",
+            &["command=\"add\"", "result=\"redirected\""]
+        )
+        .await,
+        1
+    );
+    node.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_sandbox_is_not_moved_to_another_netns_nor_given_to_another_pod() {
+    let node = Node::start(|_| {}).await;
+    let before = node.web_record();
+    let other = node.t.pod("other").path();
+
+    // s1 again, in another netns: refused.
+    let r = ask(&node.socket, add_web("s1", &other), Some(open(&other))).await;
+    let (code, msg, details) = refused(&r);
+    assert_eq!(code, 4, "{r:?}");
+    assert!(
+        msg.contains("sandbox s1 of pod shop/web is already attached to another network namespace"),
+        "{msg}"
+    );
+    assert!(details.contains("DEL it first"), "{details}");
+    node.web_unchanged(&before).await;
+
+    // s1 again, in its own netns reached by another path (the proxy's own handle; the
+    // namespace is compared, not the path): idempotent.
+    let held = before["netns"].as_str().unwrap().to_string();
+    let r = ask(&node.socket, add_web("s1", &held), Some(open(&held))).await;
+    assert_eq!(r, Response::Redirected);
+    node.web_unchanged(&before).await;
+
+    // s1 claimed by another pod: refused; api is not handed over.
+    let api = node.plugin(Path::new(CNI), "ADD", "api", "s1").await;
+    assert_eq!(api.error_code(), 4, "{api:?}");
+    let msg = api.json()["msg"].as_str().unwrap().to_string();
+    assert!(msg.contains("sandbox s1 is pod shop/web's"), "{msg}");
+    assert!(!node.run_dir.join("pods/shop_api.json").exists());
+    node.web_unchanged(&before).await;
+
+    assert_eq!(
+        node.metric(
+            "cni_requests_total",
+            &["command=\"add\"", "result=\"error\""]
+        )
+        .await,
+        2
+    );
+    assert_eq!(
+        node.metric(
+            "cni_requests_total",
+            &["command=\"add\"", "result=\"redirected\""]
+        )
+        .await,
+        2
+    );
+    // A new sandbox of web in the other netns is the runtime setting the pod up again:
+    // it replaces s1.
+    let r = ask(&node.socket, add_web("s2", &other), Some(open(&other))).await;
+    assert_eq!(r, Response::Redirected);
+    let now = node.web_record();
+    assert_eq!(now["container_id"], "s2");
+    assert_eq!(
+        netns_inode(now["netns"].as_str().unwrap()),
+        netns_inode(&other)
+    );
+    node.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn del_and_check_match_only_the_sandbox_they_name_never_an_empty_one() {
+    let node = Node::start(|_| {}).await;
+    let before = node.web_record();
+    let web = |cid: &str| PodRef {
+        namespace: "shop".into(),
+        name: "web".into(),
+        container_id: cid.into(),
+    };
+    // An empty sandbox id names nothing: refused, for DEL and CHECK.
+    for request in [Request::Del(web("")), Request::Check(web(""))] {
+        let r = ask(&node.socket, request.clone(), None).await;
+        let (code, msg, _) = refused(&r);
+        assert_eq!(code, 4, "{request:?}: {r:?}");
+        assert!(msg.contains("invalid pod reference"), "{msg}");
+    }
+    node.web_unchanged(&before).await;
+    // Another sandbox: DEL has nothing to do (and succeeds, DEL is idempotent), CHECK
+    // says that sandbox was never handed over.
+    assert_eq!(
+        ask(&node.socket, Request::Del(web("s0")), None).await,
+        Response::Ok
+    );
+    node.web_unchanged(&before).await;
+    let r = ask(&node.socket, Request::Check(web("s0")), None).await;
+    let (code, msg, details) = refused(&r);
+    assert_eq!(code, 101, "{r:?}");
+    assert!(
+        msg.contains("sandbox \"s0\" of pod shop/web was never handed"),
+        "{msg}"
+    );
+    assert!(details.contains("\"s1\""), "{details}");
+    node.web_unchanged(&before).await;
+    assert_eq!(
+        node.metric(
+            "cni_requests_total",
+            &["command=\"del\"", "result=\"error\""]
+        )
+        .await,
+        1
+    );
+    assert_eq!(
+        node.metric(
+            "cni_requests_total",
+            &["command=\"check\"", "result=\"error\""]
+        )
+        .await,
+        2
+    );
+    // The sandbox it names: gone.
+    assert_eq!(
+        ask(&node.socket, Request::Del(web("s1")), None).await,
+        Response::Ok
+    );
+    assert!(!node.run_dir.join("pods/shop_web.json").exists());
+    node.stop().await;
+}
+
+/// Copies the plugin to `to` (a file of its own: another inode), ready to run.
+fn install_plugin(to: &Path) {
+    let tmp = to.with_extension("new");
+    std::fs::copy(CNI, &tmp).unwrap();
+    // Atomically, as `ambit-cni install` does.
+    std::fs::rename(&tmp, to).unwrap();
+    // Until no process holds the new file open for writing (a fork elsewhere in this
+    // test process may have inherited the descriptor for an instant): ETXTBSY.
+    for _ in 0..100 {
+        match Command::new(to).output() {
+            Err(e) if e.raw_os_error() == Some(26) => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            _ => return,
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_plugin_binary_only_that_file_is_served_and_an_upgrade_is_seen_at_once() {
+    let bin_dir = tempfile::tempdir().unwrap();
+    let installed = bin_dir.path().join("ambit-cni");
+    install_plugin(&installed);
+    // The installed plugin hands web over.
+    let plugin_binary = installed.clone();
+    let node = Node::start_with(&installed, move |c| c.cni_plugin_binary = plugin_binary).await;
+    let before = node.web_record();
+
+    // The same program from another file (the build's), and this test process: refused,
+    // saying which program the peer runs, before reading the request (the DEL did
+    // nothing).
+    let check = node.plugin(Path::new(CNI), "CHECK", "web", "s1").await;
+    assert_eq!(
+        check.error_code(),
+        u64::from(ambit_proxy::cni::PEER_REFUSED),
+        "{check:?}"
+    );
+    let msg = check.json()["msg"].as_str().unwrap().to_string();
+    assert!(
+        msg.contains(&format!("serves the plugin {} only", installed.display()))
+            && msg.contains(CNI),
+        "{msg}"
+    );
+    let del = Request::Del(PodRef {
+        namespace: "shop".into(),
+        name: "web".into(),
+        container_id: "s1".into(),
+    });
+    let r = ask(&node.socket, del, None).await;
+    let (code, msg, details) = refused(&r);
+    assert_eq!(code, ambit_proxy::cni::PEER_REFUSED, "{r:?}");
+    let me = std::env::current_exe().unwrap();
+    assert!(msg.contains(&me.display().to_string()), "{msg}");
+    assert!(details.contains("--cni-plugin-binary"), "{details}");
+    node.web_unchanged(&before).await;
+    assert_eq!(
+        node.metric("cni_peers_refused_total", &["reason=\"binary\""])
+            .await,
+        2
+    );
+
+    // Upgraded by an atomic rename (a new inode at the path): served at once.
+    install_plugin(&installed);
+    node.web_unchanged(&before).await;
+    assert_eq!(node.metric("cni_peers_refused_total", &[]).await, 2);
+
+    // The plugin gone from its path: nothing can be checked, so nothing is served.
+    std::fs::remove_file(&installed).unwrap();
+    let r = ask(&node.socket, Request::Status, None).await;
+    let (code, msg, _) = refused(&r);
+    assert_eq!(code, ambit_proxy::cni::PEER_REFUSED, "{r:?}");
+    assert!(msg.contains("--cni-plugin-binary"), "{msg}");
+    assert_eq!(
+        node.metric("cni_peers_refused_total", &["reason=\"unverifiable\""])
+            .await,
+        1
+    );
+    assert_eq!(
+        node.metric(
+            "cni_requests_total",
+            &["command=\"invalid\"", "result=\"error\""]
+        )
+        .await,
+        3
+    );
+    assert_eq!(before, node.web_record());
+    node.stop().await;
 }

@@ -4,13 +4,20 @@
 //! - [`registry`]: the pods handed over, on disk, with a handle on each netns.
 //! - [`CniServer`]: the unix socket (`/var/run/ambit/cni.sock`), one request per
 //!   connection ([`ambit_api::cni`]), the netns riding along as a file descriptor.
+//! - [`peer`]: who may talk to the socket (root, and optionally the plugin's binary only).
+//!
+//! The descriptor of an `ADD` must be a network namespace (nsfs, `NS_GET_NSTYPE`), and a
+//! sandbox the proxy holds is never moved to another network namespace; `DEL` and
+//! `CHECK` act on the sandbox they name only (an empty id names none).
 //!
 //! Whether a pod is meshed is the control plane's word (discovery): the namespace and pod
 //! annotations. The proxy waits a while for discovery to show a pod it has not seen yet
 //! (the API server knows a pod before its sandbox exists, so this is short).
 
+pub mod peer;
 pub mod registry;
 
+pub use peer::{PeerPolicy, PEER_REFUSED};
 pub use registry::{CniPod, CniPods, PodRegistry, PodSource};
 
 use crate::discovery::DiscoveryState;
@@ -23,10 +30,10 @@ use prometheus_client::registry::Registry;
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncWriteExt, Interest};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::watch;
 
@@ -42,20 +49,33 @@ pub struct CniLabels {
     pub result: String,
 }
 
+/// Labels of `cni_peers_refused_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PeerLabels {
+    /// uid, binary, pid_namespace, or unverifiable ([`peer::Refusal::reason`]).
+    pub reason: String,
+}
+
 /// Metrics of the CNI socket.
 #[derive(Clone, Debug, Default)]
 pub struct CniMetrics {
     requests: Family<CniLabels, Counter>,
+    peers_refused: Family<PeerLabels, Counter>,
 }
 
 impl CniMetrics {
-    /// Registers `cni_requests_total`.
+    /// Registers `cni_requests_total` and `cni_peers_refused_total`.
     pub fn register(registry: &mut Registry) -> Self {
         let m = Self::default();
         registry.register(
             "cni_requests",
             "Requests from the CNI plugin, by command and result",
             m.requests.clone(),
+        );
+        registry.register(
+            "cni_peers_refused",
+            "Connections to the CNI socket refused before their request was read: a peer that is not root, or not the plugin's binary, or that could not be checked",
+            m.peers_refused.clone(),
         );
         m
     }
@@ -91,6 +111,8 @@ pub struct CniServer {
     pub add_timeout: Duration,
     /// Counters.
     pub metrics: CniMetrics,
+    /// Who may talk to the socket.
+    pub peers: PeerPolicy,
 }
 
 fn error(code: u32, msg: impl Into<String>, details: impl Into<String>) -> Response {
@@ -161,6 +183,40 @@ impl CniServer {
     }
 
     async fn connection(&self, mut stream: UnixStream) {
+        // The peer first: nothing it sends is read (nor any descriptor taken) unless it
+        // may talk to the proxy.
+        if let Err(refusal) = self.peers.check(&stream) {
+            self.metrics
+                .peers_refused
+                .get_or_create(&PeerLabels {
+                    reason: refusal.reason.into(),
+                })
+                .inc();
+            let response = error(PEER_REFUSED, refusal.msg, refusal.details);
+            self.metrics.count("invalid", &response);
+            if let Response::Error { msg, details, .. } = &response {
+                tracing::warn!(reason = refusal.reason, %msg, %details, "CNI socket: peer refused");
+            }
+            if let Ok(bytes) = encode(&response) {
+                let _ = stream.write_all(&bytes).await;
+                let _ = stream.shutdown().await;
+            }
+            // Until the peer has sent its request and read the answer (closing the
+            // socket under a request still being written would leave it a broken pipe
+            // instead of the reason); what it sends is discarded, descriptors too.
+            let mut sink = [0u8; 4096];
+            let mut left = ambit_api::cni::MAX_MESSAGE + 4;
+            let drained = async {
+                while left > 0 {
+                    match stream.read(&mut sink).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => left = left.saturating_sub(n),
+                    }
+                }
+            };
+            let _ = tokio::time::timeout(READ_TIMEOUT, drained).await;
+            return;
+        }
         let (command, response) =
             match tokio::time::timeout(READ_TIMEOUT, read_request(&stream)).await {
                 Ok(Ok((request, fd))) => {
@@ -207,6 +263,22 @@ impl CniServer {
                 "invalid pod reference",
                 format!("{e}; nothing was done"),
             );
+        }
+        // The descriptor is mounted as the pod's netns handle: it must be one.
+        if let (Request::Add(add), Some(fd)) = (&request, &netns) {
+            if let Err(what) = registry::netns_of(fd.as_fd()) {
+                return error(
+                    code::INVALID_ENV,
+                    format!(
+                        "ADD for {}/{}: the descriptor passed as CNI_NETNS is {what}, not a network namespace",
+                        add.pod.namespace, add.pod.name
+                    ),
+                    format!(
+                        "nothing was done; the plugin sends the file CNI_NETNS names ({:?}), which must be the sandbox's network namespace",
+                        add.netns_path
+                    ),
+                );
+            }
         }
         match request {
             Request::Add(add) => self.add(add, netns).await,
@@ -309,11 +381,24 @@ impl CniServer {
         let pod = match self.registry.add(pod, fd) {
             Ok(pod) => pod,
             Err(e) => {
-                return error(
-                    code::IO_FAILURE,
-                    format!("taking pod {key} on"),
-                    e.to_string(),
-                )
+                return match registry::Refused::of(&e) {
+                    Some(refused @ registry::Refused::NotNetns(_)) => error(
+                        code::INVALID_ENV,
+                        format!("ADD for {key}: {refused}"),
+                        "nothing was done; CNI_NETNS must name the sandbox's network namespace",
+                    ),
+                    Some(refused) => error(
+                        code::INVALID_ENV,
+                        format!("ADD for {key} refused: {refused}"),
+                        "nothing was changed: the sandbox stays redirected in the network namespace it was added with. \
+                         A sandbox cannot move; DEL it first (the runtime does before it sets up a sandbox again), or give the new one its own CNI_CONTAINERID",
+                    ),
+                    None => error(
+                        code::IO_FAILURE,
+                        format!("taking pod {key} on"),
+                        e.to_string(),
+                    ),
+                };
             }
         };
         tracing::info!(pod = %key, netns = %pod.netns.display(), ips = ?pod.ips, "CNI ADD: waiting for the pod's listeners and redirection");
@@ -337,7 +422,10 @@ impl CniServer {
     /// away), so that the runtime tears the network down only after that.
     async fn del(&self, pod: &PodRef) -> Response {
         let key = format!("{}/{}", pod.namespace, pod.name);
-        let netns = self.registry.pods().get(&key).map(|p| p.netns.clone());
+        let netns = self
+            .registry
+            .sandbox(&pod.namespace, &pod.name, &pod.container_id)
+            .map(|p| p.netns);
         let removed = self
             .registry
             .remove(&pod.namespace, &pod.name, Some(&pod.container_id));
@@ -354,7 +442,23 @@ impl CniServer {
 
     fn check(&self, pod: &PodRef) -> Response {
         let key = format!("{}/{}", pod.namespace, pod.name);
-        let Some(registered) = self.registry.pods().get(&key).cloned() else {
+        let registered = self
+            .registry
+            .sandbox(&pod.namespace, &pod.name, &pod.container_id);
+        if let (None, Some(other)) = (&registered, self.registry.pods().get(&key)) {
+            return error(
+                code::NOT_REDIRECTED,
+                format!(
+                    "sandbox {:?} of pod {key} was never handed to the node proxy",
+                    pod.container_id
+                ),
+                format!(
+                    "the proxy holds the pod's sandbox {:?}; the runtime's ADD of this sandbox hands it over",
+                    other.container_id
+                ),
+            );
+        }
+        let Some(registered) = registered else {
             return if self
                 .state
                 .borrow()

@@ -14,7 +14,8 @@ use std::collections::BTreeMap;
 use std::fs::File;
 use std::io;
 use std::net::IpAddr;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 use tokio::sync::watch;
@@ -81,6 +82,132 @@ fn is_netns(path: &Path) -> bool {
     nix::sys::statfs::statfs(path).is_ok_and(|s| s.filesystem_type().0 == NSFS_MAGIC)
 }
 
+/// A network namespace as the kernel tells them apart: the nsfs device and inode (what
+/// `ip netns identify` compares), whatever path or descriptor it was reached by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NetnsId {
+    dev: u64,
+    ino: u64,
+}
+
+/// What a descriptor that is not a network namespace is, in words.
+fn file_kind(mode: u32) -> &'static str {
+    match mode & libc::S_IFMT {
+        libc::S_IFREG => "a regular file",
+        libc::S_IFIFO => "a pipe",
+        libc::S_IFSOCK => "a socket",
+        libc::S_IFDIR => "a directory",
+        libc::S_IFCHR => "a character device",
+        libc::S_IFBLK => "a block device",
+        libc::S_IFLNK => "a symbolic link",
+        _ => "an anonymous file (eventfd, epoll, ...)",
+    }
+}
+
+/// What kind of namespace `NS_GET_NSTYPE` answered.
+fn namespace_kind(nstype: libc::c_int) -> &'static str {
+    match nstype {
+        libc::CLONE_NEWNS => "a mount namespace",
+        libc::CLONE_NEWUTS => "a UTS namespace",
+        libc::CLONE_NEWIPC => "an IPC namespace",
+        libc::CLONE_NEWPID => "a pid namespace",
+        libc::CLONE_NEWUSER => "a user namespace",
+        libc::CLONE_NEWCGROUP => "a cgroup namespace",
+        libc::CLONE_NEWTIME => "a time namespace",
+        _ => "a namespace of an unknown type",
+    }
+}
+
+/// Checks that `fd` is a network namespace (on nsfs, and `NS_GET_NSTYPE` says
+/// `CLONE_NEWNET`); its id, or what the descriptor is instead (`"a regular file"`, `"a
+/// mount namespace"`, ...).
+pub fn netns_of(fd: BorrowedFd<'_>) -> Result<NetnsId, String> {
+    let st = fd
+        .try_clone_to_owned()
+        .map(File::from)
+        .and_then(|f| f.metadata())
+        .map_err(|e| format!("a descriptor fstat fails on ({e})"))?;
+    let fs = nix::sys::statfs::fstatfs(fd)
+        .map_err(|e| format!("a descriptor fstatfs fails on ({e})"))?;
+    if fs.filesystem_type().0 != NSFS_MAGIC {
+        return Err(file_kind(st.mode()).into());
+    }
+    // SAFETY: NS_GET_NSTYPE takes no argument and only reads the descriptor, which is
+    // open for the duration of the call (borrowed).
+    #[allow(unsafe_code)]
+    let nstype = unsafe { libc::ioctl(fd.as_raw_fd(), libc::NS_GET_NSTYPE) };
+    if nstype < 0 {
+        return Err(format!(
+            "a namespace file whose type the kernel does not tell ({})",
+            io::Error::last_os_error()
+        ));
+    }
+    if nstype != libc::CLONE_NEWNET {
+        return Err(namespace_kind(nstype).into());
+    }
+    Ok(NetnsId {
+        dev: st.dev(),
+        ino: st.ino(),
+    })
+}
+
+/// The id of the network namespace mounted at `path`, if one is.
+fn netns_at(path: &Path) -> Option<NetnsId> {
+    if !is_netns(path) {
+        return None;
+    }
+    let m = std::fs::metadata(path).ok()?;
+    Some(NetnsId {
+        dev: m.dev(),
+        ino: m.ino(),
+    })
+}
+
+/// Why the registry refused to take a pod on: the descriptor is not a network namespace,
+/// or the sandbox is already another network namespace's (or another pod's). Rides in
+/// the `io::Error` that [`PodRegistry::add`] returns (`InvalidInput` / `AlreadyExists`).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Refused {
+    /// The descriptor is something else (said in words).
+    #[error("the descriptor passed as the pod's netns is {0}, not a network namespace")]
+    NotNetns(String),
+    /// The sandbox is registered with another network namespace, alive.
+    #[error("sandbox {container_id} of pod {pod} is already attached to another network namespace (held at {held})")]
+    OtherNetns {
+        /// `<namespace>/<name>`.
+        pod: String,
+        /// The sandbox.
+        container_id: String,
+        /// The proxy's handle on the namespace it has.
+        held: String,
+    },
+    /// The sandbox is registered for another pod.
+    #[error("sandbox {container_id} is pod {owner}'s, not {pod}'s")]
+    OtherPod {
+        /// The pod asked for.
+        pod: String,
+        /// The sandbox.
+        container_id: String,
+        /// The pod it is registered for.
+        owner: String,
+    },
+}
+
+impl Refused {
+    /// The refusal in `err`, if it is one.
+    pub fn of(err: &io::Error) -> Option<&Self> {
+        err.get_ref().and_then(|e| e.downcast_ref::<Self>())
+    }
+
+    fn into_io(self) -> io::Error {
+        let kind = match self {
+            Self::NotNetns(_) => io::ErrorKind::InvalidInput,
+            Self::OtherNetns { .. } | Self::OtherPod { .. } => io::ErrorKind::AlreadyExists,
+        };
+        io::Error::new(kind, self)
+    }
+}
+
 fn unmount(path: &Path) {
     let _ = nix::mount::umount2(path, nix::mount::MntFlags::MNT_DETACH);
     let _ = std::fs::remove_file(path);
@@ -134,12 +261,48 @@ impl PodRegistry {
     }
 
     /// Takes a pod on: keeps a handle on `netns` and records it. An `ADD` repeated for
-    /// the same sandbox changes nothing; one for a new sandbox replaces the old one.
+    /// the same sandbox and network namespace changes nothing; one for a new sandbox
+    /// replaces the old one. Refused ([`Refused`], in the error): a descriptor that is
+    /// not a network namespace, a sandbox the registry holds with another live network
+    /// namespace (namespaces compared by inode, not path), or a sandbox registered for
+    /// another pod.
     pub fn add(&self, pod: CniPod, netns: OwnedFd) -> io::Result<CniPod> {
+        let id = netns_of(netns.as_fd()).map_err(|what| Refused::NotNetns(what).into_io())?;
         let _write = self.write.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(old) = self.pods.borrow().get(&pod.key()) {
-            if old.container_id == pod.container_id && is_netns(&old.netns) {
-                return Ok(old.clone());
+        let pods = self.pods();
+        let key = pod.key();
+        if !pod.container_id.is_empty() {
+            let owner = pods.values().find(|p| {
+                p.key() != key
+                    && p.source == PodSource::Cni
+                    && p.container_id == pod.container_id
+                    && is_netns(&p.netns)
+            });
+            if let Some(owner) = owner {
+                return Err(Refused::OtherPod {
+                    pod: key,
+                    container_id: pod.container_id,
+                    owner: owner.key(),
+                }
+                .into_io());
+            }
+        }
+        if let Some(old) = pods.get(&key) {
+            let same_sandbox = !pod.container_id.is_empty()
+                && old.source == PodSource::Cni
+                && old.container_id == pod.container_id;
+            match netns_at(&old.netns) {
+                Some(held) if same_sandbox && held == id => return Ok(old.clone()),
+                Some(_) if same_sandbox => {
+                    return Err(Refused::OtherNetns {
+                        pod: key,
+                        container_id: pod.container_id,
+                        held: old.netns.display().to_string(),
+                    }
+                    .into_io())
+                }
+                // Another sandbox of the pod, or a handle that is gone: replaced.
+                _ => {}
             }
         }
         self.insert(pod, netns)
@@ -148,6 +311,7 @@ impl PodRegistry {
     /// Takes on a pod found running (enrolment), unless it has a record already: a CNI
     /// `ADD` that came first is the better word on the pod. `None` if it had one.
     pub fn enrol(&self, mut pod: CniPod, netns: OwnedFd) -> io::Result<Option<CniPod>> {
+        netns_of(netns.as_fd()).map_err(|what| Refused::NotNetns(what).into_io())?;
         let _write = self.write.lock().unwrap_or_else(PoisonError::into_inner);
         if self.pods.borrow().contains_key(&pod.key()) {
             return Ok(None);
@@ -208,44 +372,66 @@ impl PodRegistry {
         Ok(pod)
     }
 
+    /// The pod `namespace/name` if `container_id` names its sandbox: a CNI pod's own, or
+    /// any sandbox for an enrolled pod (which has no id; the sandbox it ran in is the only
+    /// one it had). An empty id names no sandbox: it matches nothing.
+    pub fn sandbox(&self, namespace: &str, name: &str, container_id: &str) -> Option<CniPod> {
+        let pod = self.pods().get(&format!("{namespace}/{name}")).cloned()?;
+        Self::names(&pod, container_id).then_some(pod)
+    }
+
+    fn names(pod: &CniPod, container_id: &str) -> bool {
+        !container_id.is_empty()
+            && match pod.source {
+                PodSource::Cni => pod.container_id == container_id,
+                PodSource::Proc => true,
+            }
+    }
+
     /// Forgets a pod (`DEL`): releases its netns handle and its record. With a sandbox
-    /// given, only that sandbox's entry goes — or an enrolled pod's, which has no sandbox
-    /// id (the sandbox it ran in is the only one it had). Whether there was one.
+    /// given, only if it names the pod's (see [`Self::sandbox`]; an empty one names
+    /// none). Whether there was one.
     pub fn remove(&self, namespace: &str, name: &str, container_id: Option<&str>) -> bool {
+        self.remove_if(&format!("{namespace}/{name}"), |pod| {
+            container_id.is_none_or(|c| Self::names(pod, c))
+        })
+    }
+
+    /// Forgets the pod under `key` if `matches` holds of its record (under the write lock).
+    fn remove_if(&self, key: &str, matches: impl FnOnce(&CniPod) -> bool) -> bool {
         let _write = self.write.lock().unwrap_or_else(PoisonError::into_inner);
-        let key = format!("{namespace}/{name}");
-        let Some(pod) = self.pods.borrow().get(&key).cloned() else {
+        let Some(pod) = self.pods.borrow().get(key).cloned() else {
             return false;
         };
-        let other_sandbox = container_id.is_some_and(|c| !c.is_empty() && c != pod.container_id);
-        if other_sandbox && pod.source == PodSource::Cni {
+        if !matches(&pod) {
             return false;
         }
         unmount(&pod.netns);
         let _ = std::fs::remove_file(
             self.dir
                 .join("pods")
-                .join(format!("{}.json", file_name(namespace, name))),
+                .join(format!("{}.json", file_name(&pod.namespace, &pod.name))),
         );
         self.pods.send_modify(|pods| {
-            Arc::make_mut(pods).remove(&key);
+            Arc::make_mut(pods).remove(key);
         });
         true
     }
 
     /// Forgets every CNI pod whose sandbox is not in `valid` (CNI `GC`); returns their
-    /// keys. Enrolled pods have no sandbox id to match: they go with `DEL` or when
+    /// keys. An empty entry of `valid` keeps nothing (a CNI record without a sandbox id
+    /// goes). Enrolled pods have no sandbox id to match: they go with `DEL` or when
     /// discovery says they are not meshed.
     pub fn retain_sandboxes(&self, valid: &[String]) -> Vec<String> {
-        let stale: Vec<CniPod> = self
-            .pods()
-            .values()
-            .filter(|p| p.source == PodSource::Cni && !valid.contains(&p.container_id))
-            .cloned()
-            .collect();
+        let kept = |p: &CniPod| {
+            p.source != PodSource::Cni
+                || (!p.container_id.is_empty() && valid.contains(&p.container_id))
+        };
+        let stale: Vec<CniPod> = self.pods().values().filter(|p| !kept(p)).cloned().collect();
+        // Each goes only if its record is still the one seen (an ADD in between wins).
         stale
             .into_iter()
-            .filter(|p| self.remove(&p.namespace, &p.name, Some(&p.container_id)))
+            .filter(|p| self.remove_if(&p.key(), |now| now == p))
             .map(|p| p.key())
             .collect()
     }
@@ -332,5 +518,198 @@ mod tests {
         assert!(reg.remove("shop", "web", Some("the-real-sandbox")));
         assert!(!enrolled.netns.exists());
         assert!(reg.pods().is_empty());
+    }
+
+    /// Unmounts, on drop, the netns handles a test's registry made (also when it fails).
+    struct Handles(PathBuf);
+
+    impl Drop for Handles {
+        fn drop(&mut self) {
+            for e in std::fs::read_dir(self.0.join("netns"))
+                .into_iter()
+                .flatten()
+                .flatten()
+            {
+                unmount(&e.path());
+            }
+        }
+    }
+
+    /// A network namespace of its own: a thread unshares one and hands back a descriptor
+    /// (the namespace goes when the last descriptor and mount of it do).
+    fn new_netns() -> OwnedFd {
+        std::thread::spawn(|| {
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)
+                .unwrap_or_else(|e| panic!("unshare (tests run as root): {e}"));
+            OwnedFd::from(File::open("/proc/thread-self/ns/net").unwrap_or_else(|e| panic!("{e}")))
+        })
+        .join()
+        .unwrap_or_else(|_| panic!("unshare thread"))
+    }
+
+    fn open(path: &str) -> OwnedFd {
+        File::open(path)
+            .unwrap_or_else(|e| panic!("{path}: {e}"))
+            .into()
+    }
+
+    #[test]
+    fn only_a_network_namespace_is_taken_and_said_what_it_is_otherwise() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let file = dir.path().join("plain");
+        let _ = std::fs::write(&file, b"");
+        let (pipe, _w) = nix::unistd::pipe().unwrap_or_else(|e| panic!("{e}"));
+        for (fd, what) in [
+            (open(&file.to_string_lossy()), "a regular file"),
+            (pipe, "a pipe"),
+            (open("/proc/self/ns/mnt"), "a mount namespace"),
+            (open("/proc/self/ns/uts"), "a UTS namespace"),
+            (open("/proc/self"), "a directory"),
+        ] {
+            assert_eq!(netns_of(fd.as_fd()), Err(what.to_string()));
+        }
+        let here = netns_of(open("/proc/self/ns/net").as_fd());
+        assert!(here.is_ok(), "{here:?}");
+        // The same namespace by another path is the same id; another one is not.
+        assert_eq!(here, netns_of(open("/proc/thread-self/ns/net").as_fd()));
+        assert_ne!(here, netns_of(new_netns().as_fd()));
+
+        // The registry takes nothing else either, and says so.
+        let _handles = Handles(dir.path().into());
+        let reg = PodRegistry::open(dir.path()).unwrap_or_else(|e| panic!("{e}"));
+        let pod = CniPod {
+            namespace: "shop".into(),
+            name: "web".into(),
+            uid: String::new(),
+            container_id: "s1".into(),
+            ips: Vec::new(),
+            netns: PathBuf::new(),
+            source: PodSource::Cni,
+        };
+        let e = reg
+            .add(pod.clone(), open(&file.to_string_lossy()))
+            .err()
+            .unwrap_or_else(|| panic!("a regular file taken as a netns"));
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+        assert_eq!(
+            Refused::of(&e),
+            Some(&Refused::NotNetns("a regular file".into()))
+        );
+        let e = reg.enrol(pod, open("/proc/self/ns/uts")).err();
+        assert!(e.is_some_and(|e| Refused::of(&e).is_some()));
+        assert!(reg.pods().is_empty());
+        assert_eq!(
+            std::fs::read_dir(dir.path().join("netns"))
+                .map(Iterator::count)
+                .unwrap_or(1),
+            0
+        );
+    }
+
+    #[test]
+    fn a_live_sandbox_keeps_its_netns_and_its_pod() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let _handles = Handles(dir.path().into());
+        let reg = PodRegistry::open(dir.path()).unwrap_or_else(|e| panic!("{e}"));
+        let pod = |name: &str, container_id: &str| CniPod {
+            namespace: "shop".into(),
+            name: name.into(),
+            uid: String::new(),
+            container_id: container_id.into(),
+            ips: Vec::new(),
+            netns: PathBuf::new(),
+            source: PodSource::Cni,
+        };
+        let (a, b) = (new_netns(), new_netns());
+        let dup = |fd: &OwnedFd| fd.try_clone().unwrap_or_else(|e| panic!("{e}"));
+        let web = reg
+            .add(pod("web", "s1"), dup(&a))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let held = netns_at(&web.netns);
+        assert_eq!(held, netns_of(a.as_fd()).ok());
+        // Again, with the same namespace by another path (the proxy's own handle): the
+        // same record.
+        let again = reg.add(pod("web", "s1"), open(&web.netns.to_string_lossy()));
+        assert_eq!(again.ok().as_ref(), Some(&web));
+        // The same sandbox in another namespace: refused, nothing changed.
+        let e = reg
+            .add(pod("web", "s1"), dup(&b))
+            .err()
+            .unwrap_or_else(|| panic!("the sandbox moved"));
+        assert_eq!(e.kind(), io::ErrorKind::AlreadyExists);
+        assert!(
+            matches!(Refused::of(&e), Some(Refused::OtherNetns { container_id, .. }) if container_id == "s1"),
+            "{e}"
+        );
+        // The same sandbox for another pod: refused, whatever the namespace.
+        for fd in [dup(&a), dup(&b)] {
+            let e = reg.add(pod("api", "s1"), fd).err();
+            let e = e.unwrap_or_else(|| panic!("sandbox s1 taken by another pod"));
+            assert_eq!(
+                Refused::of(&e),
+                Some(&Refused::OtherPod {
+                    pod: "shop/api".into(),
+                    container_id: "s1".into(),
+                    owner: "shop/web".into(),
+                })
+            );
+        }
+        assert_eq!(reg.pods().len(), 1);
+        assert_eq!(reg.pods().get("shop/web"), Some(&web));
+        assert_eq!(netns_at(&web.netns), held);
+        // A new sandbox of the pod replaces the old one (the runtime set it up again).
+        let web2 = reg
+            .add(pod("web", "s2"), dup(&b))
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(netns_at(&web2.netns), netns_of(b.as_fd()).ok());
+        assert!(!web.netns.exists());
+        assert!(reg.remove("shop", "web", Some("s2")));
+    }
+
+    #[test]
+    fn an_empty_sandbox_id_matches_nothing() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let _handles = Handles(dir.path().into());
+        let _ = PodRegistry::open(dir.path()).unwrap_or_else(|e| panic!("{e}"));
+        // A CNI record without a sandbox id (written before ids were checked).
+        let pod = CniPod {
+            namespace: "shop".into(),
+            name: "blank".into(),
+            uid: String::new(),
+            container_id: String::new(),
+            ips: Vec::new(),
+            netns: PathBuf::from("/proc/self/ns/net"),
+            source: PodSource::Cni,
+        };
+        let json = serde_json::to_vec(&pod).unwrap_or_default();
+        let _ = std::fs::write(dir.path().join("pods/shop_blank.json"), json);
+        let reg = PodRegistry::open(dir.path()).unwrap_or_else(|e| panic!("{e}"));
+        let enrolled = reg
+            .enrol(
+                CniPod {
+                    name: "enrolled".into(),
+                    ..pod.clone()
+                },
+                open("/proc/self/ns/net"),
+            )
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(enrolled.is_some());
+        assert_eq!(reg.pods().len(), 2);
+        for name in ["blank", "enrolled"] {
+            assert_eq!(reg.sandbox("shop", name, ""), None, "{name}");
+            assert!(!reg.remove("shop", name, Some("")), "{name}");
+        }
+        // An enrolled pod is named by any real sandbox id.
+        assert!(reg.sandbox("shop", "enrolled", "s9").is_some());
+        assert!(reg.sandbox("shop", "blank", "s9").is_none());
+        assert_eq!(reg.pods().len(), 2);
+        // GC: an empty entry keeps nothing; the record without a sandbox goes, the
+        // enrolled pod stays (no sandbox to match it against).
+        assert_eq!(
+            reg.retain_sandboxes(&[String::new(), "s9".into()]),
+            ["shop/blank"]
+        );
+        assert_eq!(reg.pods().keys().collect::<Vec<_>>(), ["shop/enrolled"]);
+        assert!(reg.remove("shop", "enrolled", None));
     }
 }
