@@ -12,7 +12,6 @@ use prometheus_client::registry::Registry;
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 use tokio::net::TcpListener;
@@ -204,13 +203,12 @@ pub async fn run(
         log_level,
         shutdown: drain_tx.clone(),
     };
-    let app = admin::router(admin).into_make_service_with_connect_info::<SocketAddr>();
-    let admin_shutdown = drained();
-    let admin_task = tokio::spawn(async move {
-        axum::serve(admin_listener, app)
-            .with_graceful_shutdown(admin_shutdown)
-            .await
-    });
+    let admin_task = tokio::spawn(admin::serve(
+        admin_listener,
+        admin::router(admin),
+        limits.clone(),
+        drained(),
+    ));
     tracing::info!(config = %serde_json::to_string(&config).unwrap_or_default(), "ambit-proxy started");
 
     tokio::select! {
@@ -227,11 +225,7 @@ pub async fn run(
         let _ = task.await;
         let _ = std::fs::remove_file(&config.cni_socket);
     }
-    match admin_task.await {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) => Err(AppError::Admin(e.to_string())),
-        Err(e) => Err(AppError::Admin(e.to_string())),
-    }
+    admin_task.await.map_err(|e| AppError::Admin(e.to_string()))
 }
 
 /// Keeps the identity manager's pods in line with discovery's view of this node: a new

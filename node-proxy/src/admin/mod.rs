@@ -39,8 +39,81 @@ impl std::fmt::Debug for Admin {
     }
 }
 
-/// The admin routes. Serve with `into_make_service_with_connect_info::<SocketAddr>()`:
-/// the admin views need the client's address.
+/// How long an admin client may take to send a request's head, and an idle keep-alive
+/// connection waits for the next one: scrapers and probes send theirs at once; a slowloris
+/// holds a connection this long, not forever.
+pub const HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+/// Connections the admin server holds at once, within the node's budget too: its clients
+/// are a Prometheus or two and the kubelet's probes.
+pub const MAX_CONNECTIONS: usize = 128;
+
+/// Serves `router` on `listener` (HTTP/1.1) until `shutdown`, with at most
+/// [`MAX_CONNECTIONS`] connections (over it: closed at once, counted in
+/// `tcp_connections_refused_total{listener="admin"}`) and [`HEADER_READ_TIMEOUT`]; then
+/// lets the open connections finish their request and returns. The handlers see the
+/// client's address (`ConnectInfo`).
+///
+/// Not `axum::serve`: it bounds neither the connections nor the time to send a request.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    limits: crate::limits::Limits,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    use hyper_util::service::TowerToHyperService;
+    let own = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT);
+    let (closing, _) = tokio::sync::watch::channel(false);
+    tokio::pin!(shutdown);
+    loop {
+        let (tcp, peer) = tokio::select! {
+            _ = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(error) => {
+                    tracing::warn!(%error, "admin: accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let Some(permit) = limits.admit("admin", Some(&own)) else {
+            continue;
+        };
+        let _ = tcp.set_nodelay(true);
+        let service = TowerToHyperService::new(
+            router
+                .clone()
+                .layer(axum::Extension(axum::extract::ConnectInfo(peer))),
+        );
+        let conn = http.serve_connection(TokioIo::new(tcp), service);
+        let mut closing = closing.subscribe();
+        tokio::spawn(async move {
+            tokio::pin!(conn);
+            let _permit = permit;
+            tokio::select! {
+                r = conn.as_mut() => {
+                    if let Err(error) = r {
+                        tracing::debug!(%peer, %error, "admin connection ended");
+                    }
+                    return;
+                }
+                _ = closing.wait_for(|c| *c) => conn.as_mut().graceful_shutdown(),
+            }
+            let _ = conn.await;
+            drop(closing);
+        });
+    }
+    drop(listener);
+    closing.send_replace(true);
+    // Each connection holds a receiver: this returns once the last one has ended.
+    closing.closed().await;
+}
+
+/// The admin routes; [`serve`] them (the admin views need the client's address).
 pub fn router(admin: Admin) -> Router {
     Router::new()
         .route("/metrics", get(metrics))
