@@ -2,9 +2,10 @@
 //!
 //! Every `*.yaml`, `*.yml` and `*.json` file under the directory (recursively; names
 //! starting with `.` are skipped, which also skips the `..data` folders of a mounted
-//! ConfigMap) is read as Kubernetes objects, multi-document files and `kind: List`
-//! included. The directory is polled for changes; a change reloads everything, and an
-//! invalid file leaves the last good state in place.
+//! ConfigMap; symlinks are followed, each directory read once, so a symlink cycle cannot
+//! loop) is read as Kubernetes objects, multi-document files and `kind: List` included.
+//! The directory is polled for changes; a change reloads everything, and an invalid file
+//! leaves the last good state in place.
 //!
 //! Polling rather than inotify: it sees changes behind symlinks (ConfigMap volumes swap a
 //! symlink), on any filesystem, and costs a few `stat`s per second.
@@ -20,7 +21,7 @@ pub use parse::{parse_file, LoadedObject, LocalError};
 pub use tokens::NodeTokens;
 
 use crate::index::{ClusterIndex, SharedIndex};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
@@ -32,32 +33,60 @@ pub const DEFAULT_NAMESPACE: &str = "default";
 pub struct Fingerprint(BTreeMap<PathBuf, (u64, Option<SystemTime>)>);
 
 /// The YAML files under `dir`, sorted.
+///
+/// Symlinks are followed (a ConfigMap volume is made of them: `file -> ..data/file`), but
+/// each directory is read once, however many paths lead to it: a symlink to a parent or to
+/// a directory already read is skipped, so a cycle cannot loop and no file is read twice.
+/// Likewise a file reached by two paths (two symlinks to one ConfigMap) is read once.
+/// Real subdirectories are read before symlinked ones, so a file reachable both ways is
+/// named by its real path; within that, names are taken in order, so the same tree gives
+/// the same paths on every poll.
 fn files(dir: &Path) -> Result<Vec<PathBuf>, LocalError> {
+    let cannot_read = |d: &Path, e: std::io::Error| LocalError {
+        file: d.to_path_buf(),
+        document: None,
+        object: None,
+        field: None,
+        message: format!("cannot read directory: {e}"),
+    };
     let mut out = Vec::new();
+    let mut visited = HashSet::new();
+    let mut read = HashSet::new();
     let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let entries = std::fs::read_dir(&d).map_err(|e| LocalError {
-            file: d.clone(),
-            document: None,
-            object: None,
-            field: None,
-            message: format!("cannot read directory: {e}"),
-        })?;
-        for entry in entries.flatten() {
+    let mut symlinked = VecDeque::new();
+    while let Some(d) = stack.pop().or_else(|| symlinked.pop_front()) {
+        let canonical = std::fs::canonicalize(&d).map_err(|e| cannot_read(&d, e))?;
+        if !visited.insert(canonical) {
+            continue;
+        }
+        let mut entries: Vec<_> = std::fs::read_dir(&d)
+            .map_err(|e| cannot_read(&d, e))?
+            .flatten()
+            .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
+            .collect();
+        entries.sort_by_key(|e| e.file_name());
+        let mut subdirs = Vec::new();
+        for entry in entries {
             let path = entry.path();
-            let hidden = entry.file_name().to_string_lossy().starts_with('.');
-            if hidden {
-                continue;
-            }
             if path.is_dir() {
-                stack.push(path);
+                if entry.file_type().is_ok_and(|t| t.is_symlink()) {
+                    symlinked.push_back(path);
+                } else {
+                    subdirs.push(path);
+                }
             } else if matches!(
                 path.extension().and_then(|e| e.to_str()),
                 Some("yaml" | "yml" | "json")
             ) {
-                out.push(path);
+                // A dangling symlink stays in the list, so that reading it says why.
+                let first = std::fs::canonicalize(&path).map_or(true, |c| read.insert(c));
+                if first {
+                    out.push(path);
+                }
             }
         }
+        // Popped in name order.
+        stack.extend(subdirs.into_iter().rev());
     }
     out.sort();
     Ok(out)

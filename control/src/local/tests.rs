@@ -206,3 +206,69 @@ fn node_tokens_file_is_checked() {
         .unwrap_err();
     assert!(err.contains("same token"), "{err}");
 }
+
+#[test]
+fn symlink_cycles_are_walked_once_and_configmap_layouts_still_load() {
+    use std::os::unix::fs::symlink;
+    let sa = |name: &str| {
+        format!(
+            "apiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: {name}, namespace: shop}}\n"
+        )
+    };
+    let d = dir_with(&[
+        // A ConfigMap volume: the data in a timestamped directory, `..data` pointing at it,
+        // and each file a symlink through `..data`.
+        (
+            "..2026_01_01_00_00_00.000000001/cluster.yaml",
+            &format!("{NS}---\n{POD}"),
+        ),
+        ("more/sa.yml", &sa("web")),
+    ]);
+    let root = d.path();
+    symlink("..2026_01_01_00_00_00.000000001", root.join("..data")).unwrap();
+    symlink("..data/cluster.yaml", root.join("cluster.yaml")).unwrap();
+    // Cycles: to the root from below, to itself, and a second path to a directory.
+    symlink("..", root.join("more/up")).unwrap();
+    symlink(".", root.join("more/self")).unwrap();
+    symlink("more", root.join("again")).unwrap();
+    // A directory elsewhere, linked in, with a link back to the root (a cycle across
+    // trees), and a ConfigMap mounted elsewhere, linked in by its mount and by `..data`.
+    let elsewhere = dir_with(&[
+        ("other/extra.yaml", &sa("db")),
+        ("cm/..2026_01_01_00_00_00.000000002/api.yaml", &sa("api")),
+    ]);
+    let e = elsewhere.path();
+    symlink(root, e.join("other/back")).unwrap();
+    symlink(e.join("other"), root.join("linked")).unwrap();
+    symlink("..2026_01_01_00_00_00.000000002", e.join("cm/..data")).unwrap();
+    symlink("..data/api.yaml", e.join("cm/api.yaml")).unwrap();
+    symlink(e.join("cm"), root.join("cm-mount")).unwrap();
+    symlink(e.join("cm/..data"), root.join("cm-data")).unwrap();
+
+    let found: Vec<_> = files(root)
+        .unwrap()
+        .into_iter()
+        .map(|f| f.strip_prefix(root).unwrap().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(
+        found,
+        [
+            "cluster.yaml",
+            "cm-data/api.yaml",
+            "linked/extra.yaml",
+            "more/sa.yml"
+        ],
+        "each file once, by its first path (real directories first, then names in order)"
+    );
+    let (objects, _) = load_objects(root).unwrap();
+    assert_eq!(objects.len(), 5, "Namespace, Pod and three ServiceAccounts");
+    let idx = load_index(root, "cluster.local").unwrap();
+    assert!(idx.has_service_account("shop", "db"));
+    assert!(idx.has_service_account("shop", "api"));
+    assert_eq!(idx.meshed_workloads_on_node("node-a").len(), 1);
+    assert_eq!(
+        fingerprint(root),
+        fingerprint(root),
+        "the same paths on every poll"
+    );
+}
