@@ -62,6 +62,7 @@ pub async fn run(
     let http_metrics = crate::proxy::HttpMetrics::register(&mut registry);
     let cni_metrics = crate::cni::CniMetrics::register(&mut registry);
     let enrol_metrics = crate::enrol::EnrolMetrics::register(&mut registry);
+    let pod_metrics = crate::pods::PodMetrics::register(&mut registry);
     let fd_limit = crate::limits::raise_fd_limit();
     let max_connections = match config.max_connections {
         0 => crate::limits::connections_for(fd_limit),
@@ -140,7 +141,7 @@ pub async fn run(
         drained(),
     ));
 
-    let serving = crate::proxy::ServingPods::default();
+    let serving = crate::pods::ServingPods::default();
     let cni_task = match crate::cni::bind(&config.cni_socket)
         .map_err(|e| AppError::File(format!("--cni-socket {}: {e}", config.cni_socket.display())))?
     {
@@ -163,34 +164,39 @@ pub async fn run(
         ))),
         None => None,
     };
-    let pods_task = tokio::spawn(crate::proxy::serve_pods(
-        crate::proxy::Shared {
-            identities: identities.clone(),
-            state: state_rx.clone(),
-            bundle: bundle.clone(),
-            pool: crate::proxy::TunnelPool::default(),
-            metrics: tcp_metrics,
-            http: http_metrics,
-            balancer: crate::proxy::Balancer::default(),
-            detect_timeout: config.detect_timeout,
-            departed_metrics_ttl: crate::proxy::DEPARTED_METRICS_TTL,
-            redirector: redirector.clone(),
-            cni_pods: pods.subscribe(),
+    let held = crate::pods::HeldPods::default();
+    let pods_task = tokio::spawn(
+        crate::pods::Lifecycle {
+            shared: crate::proxy::Shared {
+                identities: identities.clone(),
+                state: state_rx.clone(),
+                bundle: bundle.clone(),
+                pool: crate::proxy::TunnelPool::default(),
+                metrics: tcp_metrics,
+                http: http_metrics,
+                balancer: crate::proxy::Balancer::default(),
+                detect_timeout: config.detect_timeout,
+                departed_metrics_ttl: crate::proxy::DEPARTED_METRICS_TTL,
+                redirector: redirector.clone(),
+                limits: limits.clone(),
+                http_idle_timeout: config.http_idle_timeout,
+            },
+            cni: pods.subscribe(),
             serving: serving.clone(),
-            limits: limits.clone(),
-            http_idle_timeout: config.http_idle_timeout,
+            held: held.clone(),
+            node: config.node_name.clone(),
             local_netns_dir: config.local_netns_dir.clone(),
-        },
-        config.node_name.clone(),
-        drained(),
-    ));
+            metrics: pod_metrics,
+        }
+        .run(drained()),
+    );
 
     let admin = Admin {
         registry: Arc::new(registry),
         ready: ready_probe(
             identities.clone(),
             state_rx.clone(),
-            (pods.clone(), serving),
+            (pods.clone(), serving, held),
             config.node_name.clone(),
         ),
         dump: config_dump(
@@ -266,7 +272,11 @@ pub async fn reconcile_identities(
 fn ready_probe(
     identities: IdentityManager,
     state: watch::Receiver<Arc<DiscoveryState>>,
-    (pods, serving): (crate::cni::PodRegistry, crate::proxy::ServingPods),
+    (pods, serving, held): (
+        crate::cni::PodRegistry,
+        crate::pods::ServingPods,
+        crate::pods::HeldPods,
+    ),
     node: String,
 ) -> admin::ReadyProbe {
     Arc::new(move || {
@@ -275,13 +285,21 @@ fn ready_probe(
             return Err("discovery has not delivered a snapshot yet".into());
         }
         let open = serving.borrow().clone();
-        let waiting: Vec<_> = crate::proxy::pods_to_serve(&s, &pods.pods(), &node)
+        let waiting: Vec<_> = crate::pods::to_serve(&s, &pods.pods(), &node)
             .into_values()
             .filter(|w| open.get(&w.key()) != w.netns.as_ref())
             .map(|w| w.key())
             .collect();
         if !waiting.is_empty() {
             return Err(format!("listeners not open yet for {}", waiting.join(", ")));
+        }
+        let held = held.borrow().clone();
+        if !held.is_empty() {
+            let pods: Vec<_> = held.iter().map(|(k, why)| format!("{k} ({why})")).collect();
+            return Err(format!(
+                "redirected but not served, their traffic refused (fail closed): {}",
+                pods.join(", ")
+            ));
         }
         let missing: Vec<_> = identities
             .status()
@@ -316,7 +334,7 @@ fn config_dump(
     Arc::new(move || {
         let s = state.borrow().clone();
         let cni = cni_pods.pods();
-        let pods: Vec<_> = crate::proxy::pods_to_serve(&s, &cni, &config.node_name)
+        let pods: Vec<_> = crate::pods::to_serve(&s, &cni, &config.node_name)
             .values()
             .map(|w| {
                 json!({

@@ -19,6 +19,8 @@
 //!   (`/config_dump`, `/log-level`, `/shutdown`).
 //! - [`logging`]: a log filter changeable at run time.
 //! - [`limits`]: connection budgets per pod and per node, out of the descriptor limit.
+//! - [`pods`]: the pod lifecycle — which local pods are served, and how each one ends
+//!   (redirection removed, or kept and failing closed).
 //! - [`proxy`]: the data path — the in-pod listeners, the mesh tunnel, L7.
 //! - [`netns`]: sockets inside a pod's network namespace.
 
@@ -33,6 +35,7 @@ pub mod identity;
 pub mod limits;
 pub mod logging;
 pub mod netns;
+pub mod pods;
 pub mod proxy;
 pub mod tls;
 pub mod token;

@@ -323,3 +323,104 @@ fn netns_pod(name: &str, netns: &str, ip: &str) -> String {
          status: {{podIP: {ip}, phase: Running}}\n"
     )
 }
+
+/// Waits until the proxy at `admin` says `pods_failing_closed` is `n`; its `/ready`.
+async fn failing_closed(proxy: &NodeProxy, n: u64) -> (u16, String) {
+    for _ in 0..200 {
+        let m = proxy.metrics().await;
+        if metric_sum(&m, "pods_failing_closed", &[]) == n {
+            return ambit_e2e::http_get(proxy.admin_addr, "/ready").await;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!(
+        "pods_failing_closed never became {n}:\n{}",
+        proxy.metrics().await
+    );
+}
+
+/// Only an explicit end removes a pod's redirection: a pod that merely disappears from
+/// discovery (a partial reload, a control-plane bug), also across a proxy restart, stays
+/// redirected with its traffic refused, and /ready and `pods_failing_closed` say so; it is
+/// served again when listed again; CNI DEL ends it.
+async fn gone_from_discovery(test: &str, redirect: Redirect) {
+    let c = Arc::new(Cluster::new(test, &["node-a", "node-b"], Path::new(CNI)));
+    let with_web = cluster_yaml();
+    let without_web = with_web.replace(&pod("web", "shop", "node-b", "10.78.2.10"), "");
+    assert_ne!(with_web, without_web);
+    let cp = ControlPlane::start(&with_web, &["node-a", "node-b"]).await;
+    let a = NodeProxy::start_config(c.node("node-a").proxy_config(&cp, redirect)).await;
+    let config_b = c.node("node-b").proxy_config(&cp, redirect);
+    let b = NodeProxy::start_config(config_b.clone()).await;
+    let web = c.add("node-b", "shop", "web", 10).await;
+    let old = c.add("node-a", "legacy", "old", 20).await;
+    let web_ns = Netns::open(Path::new(&web.path())).unwrap();
+    let seen = http_server(&web_ns, 8080, "hello from web").await;
+    let hello = Ok((200, "hello from web".to_string()));
+    assert_eq!(c.curl_async(&old, "http://10.78.2.10:8080/").await, hello);
+
+    // web vanishes from discovery: not served, still redirected, its traffic refused.
+    cp.set_cluster(&without_web);
+    let (status, ready) = failing_closed(&b, 1).await;
+    assert_eq!(status, 503, "{ready}");
+    assert!(ready.contains("shop/web (not in discovery)"), "{ready}");
+    let reached = seen.lock().unwrap().len();
+    let plain = c.curl_async(&old, "http://10.78.2.10:8080/").await;
+    assert!(!matches!(plain, Ok((200, _))), "{plain:?}");
+    assert_eq!(
+        seen.lock().unwrap().len(),
+        reached,
+        "web reached around its proxy"
+    );
+
+    // Listed again: served again.
+    cp.set_cluster(&with_web);
+    assert_eq!(failing_closed(&b, 0).await.0, 200);
+    assert_eq!(c.curl_async(&old, "http://10.78.2.10:8080/").await, hello);
+
+    // A restart while discovery does not list it: held from the first snapshot.
+    cp.set_cluster(&without_web);
+    failing_closed(&b, 1).await;
+    b.stop().await;
+    let b = NodeProxy::spawn_config(config_b.clone());
+    let reached = seen.lock().unwrap().len();
+    let (status, ready) = failing_closed(&b, 1).await;
+    assert_eq!(status, 503, "{ready}");
+    assert!(ready.contains("shop/web"), "{ready}");
+    let plain = c.curl_async(&old, "http://10.78.2.10:8080/").await;
+    assert!(!matches!(plain, Ok((200, _))), "{plain:?}");
+    assert_eq!(
+        seen.lock().unwrap().len(),
+        reached,
+        "web reached around its proxy"
+    );
+
+    // CNI DEL is an explicit end: nothing held any more.
+    {
+        let (c2, web2) = (c.clone(), web.clone());
+        tokio::task::spawn_blocking(move || c2.del_pod(&web2))
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    assert_eq!(failing_closed(&b, 0).await.0, 200);
+
+    a.stop().await;
+    b.stop().await;
+    let (c2, p) = (c.clone(), old.clone());
+    tokio::task::spawn_blocking(move || c2.del_pod(&p))
+        .await
+        .unwrap()
+        .unwrap();
+    cp.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_gone_from_discovery_stays_redirected_and_fails_closed_with_ebpf() {
+    gone_from_discovery("goneebpf", Redirect::Ebpf).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_gone_from_discovery_stays_redirected_and_fails_closed_with_nftables() {
+    gone_from_discovery("gonenft", Redirect::Nftables).await;
+}

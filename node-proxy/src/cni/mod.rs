@@ -21,7 +21,7 @@ pub use peer::{PeerPolicy, PEER_REFUSED};
 pub use registry::{CniPod, CniPods, PodRegistry, PodSource};
 
 use crate::discovery::DiscoveryState;
-use crate::proxy::ServingPods;
+use crate::pods::ServingPods;
 use ambit_api::cni::{code, decode, encode, PodAdd, PodRef, Request, Response};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -386,6 +386,12 @@ impl CniServer {
                         code::INVALID_ENV,
                         format!("ADD for {key}: {refused}"),
                         "nothing was done; CNI_NETNS must name the sandbox's network namespace",
+                    ),
+                    Some(refused @ registry::Refused::OtherPod { .. }) => error(
+                        code::INVALID_ENV,
+                        format!("ADD for {key} refused: {refused}"),
+                        "nothing was changed: a sandbox belongs to one pod, and the runtime gives each its own CNI_CONTAINERID; \
+                         the pod holding it stays redirected until its DEL",
                     ),
                     Some(refused) => error(
                         code::INVALID_ENV,

@@ -1,4 +1,6 @@
-//! The data path: listeners inside each meshed pod's network namespace.
+//! The data path: listeners inside each meshed pod's network namespace. Which pods, and
+//! when, is [`crate::pods`]'s business: this module opens a pod's listeners and
+//! redirection when asked ([`open`]) and serves what they accept.
 //!
 //! | port | what |
 //! |---|---|
@@ -32,12 +34,10 @@ pub use metrics::{TcpMetrics, TrafficLabels};
 pub use redirect::{Redirect, Redirector};
 pub use tunnel::TunnelPool;
 
-use crate::cni::CniPods;
 use crate::discovery::{DiscoveryState, Workload};
 use crate::identity::IdentityManager;
 use crate::netns::Netns;
 use crate::tls::TrustBundle;
-use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 use tokio::sync::watch;
@@ -53,7 +53,7 @@ pub const INBOUND_PLAIN_PORT: u16 = ambit_ebpf::common::INBOUND_PLAIN_PORT;
 pub const PROXY_MARK: u32 = ambit_ebpf::common::PROXY_MARK;
 /// How soon opening a pod's listeners is tried again after it failed.
 pub const START_RETRY: std::time::Duration = std::time::Duration::from_secs(5);
-/// How often idle and dead tunnels are dropped from the pool.
+/// How often idle and dead tunnels are dropped from the pool ([`prune`]).
 pub const PRUNE_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
 /// How long a departed pod's metric series stay, so that Prometheus scrapes them once more.
 pub const DEPARTED_METRICS_TTL: std::time::Duration = std::time::Duration::from_secs(60);
@@ -120,44 +120,10 @@ pub struct Shared {
     pub departed_metrics_ttl: std::time::Duration,
     /// How pod traffic reaches the listeners.
     pub redirector: Redirector,
-    /// Pods handed over by the CNI plugin (their netns and addresses).
-    pub cni_pods: watch::Receiver<CniPods>,
-    /// Pods whose listeners are open, for `/ready` and the CNI plugin.
-    pub serving: ServingPods,
     /// Connection budgets.
     pub limits: crate::limits::Limits,
     /// How long an application's HTTP connection may stay silent.
     pub http_idle_timeout: std::time::Duration,
-    /// The directory discovery-named network namespaces must be in (local mode).
-    pub local_netns_dir: std::path::PathBuf,
-}
-
-/// Every pod whose listeners (and redirection) are in place: `<namespace>/<name>` and the
-/// netns they were opened in. A watch, so that the CNI socket can wait for a change.
-pub type ServingPods = Arc<watch::Sender<BTreeMap<String, std::path::PathBuf>>>;
-
-/// The local pods to serve: meshed pods on `node` that the CNI plugin handed over (with
-/// the netns and addresses it gave), or that name their netns themselves (local mode).
-pub fn pods_to_serve(
-    state: &DiscoveryState,
-    cni: &CniPods,
-    node: &str,
-) -> BTreeMap<String, Arc<Workload>> {
-    state
-        .local_workloads(node)
-        .into_iter()
-        .filter_map(|w| match cni.get(&w.key()) {
-            Some(pod) => {
-                let mut w = (*w).clone();
-                w.netns = Some(pod.netns.clone());
-                if !pod.ips.is_empty() {
-                    w.ips = pod.ips.clone();
-                }
-                Some((w.key(), Arc::new(w)))
-            }
-            None => w.netns.is_some().then(|| (w.key(), w)),
-        })
-        .collect()
 }
 
 /// One meshed pod served by this proxy.
@@ -177,171 +143,68 @@ pub struct PodContext {
     pub budget: Arc<tokio::sync::Semaphore>,
 }
 
-struct Running {
-    pod: Arc<PodContext>,
+/// Drops what the data path keeps for destinations discovery no longer knows: their
+/// balancer state, tunnels and per-pod HTTP clients (and idle or dead tunnels, and
+/// clients of destinations outside the cluster unused for a while). Call it on each
+/// discovery change and every [`PRUNE_EVERY`].
+pub fn prune<'a>(
+    shared: &Shared,
+    state: &DiscoveryState,
+    pods: impl IntoIterator<Item = &'a PodContext>,
+) {
+    let known = state.known_ips();
+    shared
+        .balancer
+        .retain(|a: &SocketAddr| known.contains(&a.ip()));
+    shared.pool.prune(|ip| known.contains(&ip));
+    for pod in pods {
+        let own = &pod.workload.ips;
+        pod.clients.prune(
+            |a| known.contains(&a.ip()) || own.contains(&a.ip()),
+            tunnel::POOL_IDLE,
+        );
+    }
+}
+
+/// A pod's listeners, open and accepting, and its redirection in place.
+#[derive(Debug)]
+pub struct ServedPod {
+    /// What its connections share.
+    pub pod: Arc<PodContext>,
     stop: watch::Sender<bool>,
     /// The accept loops; they end (closing the listeners) soon after `stop`.
     loops: Vec<tokio::task::JoinHandle<()>>,
 }
 
-/// Opens listeners in each local pod's netns as pods arrive, closes them as pods leave.
-pub async fn serve_pods(
-    shared: Shared,
-    node: String,
-    shutdown: impl std::future::Future<Output = ()>,
-) {
-    tokio::pin!(shutdown);
-    let mut state = shared.state.clone();
-    let mut cni = shared.cni_pods.clone();
-    let mut running: BTreeMap<String, Running> = BTreeMap::new();
-    // Idle tunnels are dropped even when discovery has nothing new to say.
-    let mut prune = tokio::time::interval(PRUNE_EVERY);
-    prune.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        let mut failed = false;
-        let s = state.borrow_and_update().clone();
-        // Endpoints that left discovery leave the balancer too.
-        let known = s.known_ips();
-        shared
-            .balancer
-            .retain(|a: &SocketAddr| known.contains(&a.ip()));
-        // So do their tunnels and HTTP clients (and idle or dead tunnels).
-        shared.pool.prune(|ip| known.contains(&ip));
-        for r in running.values() {
-            let own = &r.pod.workload.ips;
-            r.pod.clients.prune(
-                |a| known.contains(&a.ip()) || own.contains(&a.ip()),
-                tunnel::POOL_IDLE,
-            );
-        }
-        let want = pods_to_serve(&s, &cni.borrow_and_update().clone(), &node);
-        let leaving: Vec<String> = running
-            .iter()
-            .filter(|(key, r)| {
-                !want
-                    .get(*key)
-                    .is_some_and(|w| w.netns == r.pod.workload.netns && w.ips == r.pod.workload.ips)
-            })
-            .map(|(key, _)| key.clone())
-            .collect();
-        for key in leaving {
-            let Some(r) = running.remove(&key) else {
-                continue;
-            };
-            tracing::info!(pod = %key, "pod left; closing its listeners");
-            r.stop.send_replace(true);
-            let pod = &r.pod;
-            forget_later(&shared, &pod.workload, state.clone(), node.clone());
-            // A pod that is no longer meshed must not keep redirection that points at
-            // listeners that are gone. Done before any pod starts: a new sandbox of the
-            // same pod may take the same addresses.
-            if let Err(error) = shared
-                .redirector
-                .remove(&pod.netns, &pod.workload, pod.netns_cookie)
-                .await
-            {
-                tracing::debug!(pod = %key, %error, "redirection not removed (netns gone?)");
-            }
-        }
-        for (key, w) in want {
-            if running.contains_key(&key) {
-                continue;
-            }
-            let from_cni = cni.borrow().contains_key(&key);
-            match start_pod(&shared, w.clone(), from_cni, &running).await {
-                Ok(r) => {
-                    running.insert(key, r);
-                }
-                Err(error) => {
-                    failed = true;
-                    tracing::error!(pod = %key, %error, retry_in = ?START_RETRY, "cannot open listeners in the pod's network namespace")
-                }
-            }
-        }
-        shared.serving.send_replace(
-            running
-                .iter()
-                .map(|(k, r)| (k.clone(), r.pod.netns.path().to_path_buf()))
-                .collect(),
-        );
-        // A pod whose netns could not be entered (not there yet, a port taken) is tried
-        // again after a while even if discovery has nothing new to say.
-        let retry = async {
-            if failed {
-                tokio::time::sleep(START_RETRY).await
-            } else {
-                std::future::pending().await
-            }
-        };
-        tokio::select! {
-            _ = &mut shutdown => break,
-            changed = state.changed() => if changed.is_err() { break },
-            changed = cni.changed() => if changed.is_err() { break },
-            _ = retry => {}
-            _ = prune.tick() => {}
-        }
-    }
-    // Shutting down: stop accepting everywhere, and return only once every listener is
-    // closed, so that a stopped proxy leaves nothing that accepts (fail closed).
-    for r in running.values() {
-        r.stop.send_replace(true);
-    }
-    for r in running.into_values() {
-        for l in r.loops {
+impl ServedPod {
+    /// Stops accepting (its redirection stays: the pod's connections are refused) and
+    /// returns once every listener is closed; open connections finish on their own.
+    pub async fn close(self) -> Arc<PodContext> {
+        self.stop.send_replace(true);
+        for l in self.loops {
             let _ = l.await;
         }
+        self.pod
     }
 }
 
-/// Drops a departed pod's series after the TTL, unless it is back on the node by then.
-fn forget_later(
-    shared: &Shared,
-    w: &Workload,
-    state: watch::Receiver<Arc<DiscoveryState>>,
-    node: String,
-) {
-    let (shared, key, ns, pod) = (shared.clone(), w.key(), w.namespace.clone(), w.name.clone());
-    tokio::spawn(async move {
-        tokio::time::sleep(shared.departed_metrics_ttl).await;
-        let back = state
-            .borrow()
-            .local_workloads(&node)
-            .iter()
-            .any(|w| w.key() == key);
-        if !back {
-            shared.metrics.forget_pod(&ns, &pod);
-            shared.http.forget_pod(&ns, &pod);
-        }
-    });
+impl PodContext {
+    /// Removes the pod's redirection (its listeners are closed: the pod left the mesh).
+    pub async fn remove_redirection(&self, redirector: &Redirector) -> std::io::Result<()> {
+        redirector
+            .remove(&self.netns, &self.workload, self.netns_cookie)
+            .await
+    }
 }
 
-async fn start_pod(
+/// Opens `workload`'s listeners in `netns` (4140 on loopback, 4143 and 4144), then its
+/// redirection, and starts accepting.
+pub async fn open(
     shared: &Shared,
     workload: Arc<Workload>,
-    from_cni: bool,
-    running: &BTreeMap<String, Running>,
-) -> std::io::Result<Running> {
-    let path = workload.netns.clone().unwrap_or_default();
-    if !from_cni {
-        netns_allowed(&path, &shared.local_netns_dir)?;
-    }
-    let netns = Netns::open(&path)?;
-    let id = netns.id()?;
-    if crate::netns::own_id().is_ok_and(|own| own == id) {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::PermissionDenied,
-            format!("{} is the proxy's own (the node's) network namespace; refusing to serve a pod there", path.display()),
-        ));
-    }
-    if let Some((other, _)) = running
-        .iter()
-        .find(|(_, r)| r.pod.netns.id().is_ok_and(|o| o == id))
-    {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::AlreadyExists,
-            format!("{} is pod {other}'s network namespace; one pod's namespace is never served for another", path.display()),
-        ));
-    }
+    netns: Netns,
+) -> std::io::Result<ServedPod> {
+    let path = netns.path().to_path_buf();
     // IPv4 always; IPv6 too when the pod has an IPv6 address (dual-stack clusters).
     let mut unspecified = vec![IpAddr::V4(Ipv4Addr::UNSPECIFIED)];
     if workload.ips.iter().any(IpAddr::is_ipv6) {
@@ -411,7 +274,7 @@ async fn start_pod(
             stopped.clone(),
         )));
     }
-    Ok(Running { pod, stop, loops })
+    Ok(ServedPod { pod, stop, loops })
 }
 
 /// TCP keepalive on every connection the proxy holds, so that a peer that vanished (a node
@@ -430,34 +293,6 @@ pub fn keepalive(stream: &tokio::net::TcpStream) -> std::io::Result<()> {
 /// and borrow another connection's original destination; one to 4143/4144 would loop).
 pub fn is_proxy_port(port: u16) -> bool {
     matches!(port, OUTBOUND_PORT | MESH_PORT | INBOUND_PLAIN_PORT)
-}
-
-/// Checks that a netns named by discovery (not handed over by the CNI plugin) is under
-/// `dir`, symlinks resolved: a pod must not point the proxy at the host's or another
-/// pod's namespace.
-fn netns_allowed(path: &std::path::Path, dir: &std::path::Path) -> std::io::Result<()> {
-    let refused = |why: String| {
-        std::io::Error::new(
-            std::io::ErrorKind::PermissionDenied,
-            format!(
-                "netns {} {why}; discovery may only name namespaces under {} (--local-netns-dir)",
-                path.display(),
-                dir.display()
-            ),
-        )
-    };
-    let real =
-        std::fs::canonicalize(path).map_err(|e| refused(format!("cannot be resolved ({e})")))?;
-    let dir = std::fs::canonicalize(dir).map_err(|e| {
-        refused(format!(
-            "is not allowed: the directory cannot be resolved ({e})"
-        ))
-    })?;
-    if real.starts_with(&dir) && real != dir {
-        Ok(())
-    } else {
-        Err(refused(format!("resolves to {}", real.display())))
-    }
 }
 
 /// Copy buffer per direction of a relayed connection. 8 KiB (tokio's default) cost a TLS
