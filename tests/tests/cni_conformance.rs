@@ -897,6 +897,8 @@ async fn a_live_sandbox_is_not_moved_to_another_netns_nor_given_to_another_pod()
     assert_eq!(api.error_code(), 4, "{api:?}");
     let msg = api.json()["msg"].as_str().unwrap().to_string();
     assert!(msg.contains("sandbox s1 is pod shop/web's"), "{msg}");
+    let details = api.json()["details"].as_str().unwrap().to_string();
+    assert!(details.contains("belongs to one pod"), "{details}");
     assert!(!node.run_dir.join("pods/shop_api.json").exists());
     node.web_unchanged(&before).await;
 
