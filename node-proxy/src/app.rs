@@ -180,6 +180,7 @@ pub async fn run(
                 redirector: redirector.clone(),
                 limits: limits.clone(),
                 http_idle_timeout: config.http_idle_timeout,
+                outbound_unknown: config.outbound_unknown,
             },
             cni: pods.subscribe(),
             serving: serving.clone(),

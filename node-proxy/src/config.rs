@@ -52,6 +52,8 @@ pub mod env {
     pub const MAX_CONNECTIONS_PER_POD: &str = "AMBIT_MAX_CONNECTIONS_PER_POD";
     /// How long an HTTP connection from an application may stay silent before it is closed.
     pub const HTTP_IDLE_TIMEOUT: &str = "AMBIT_HTTP_IDLE_TIMEOUT";
+    /// What happens to connections to addresses discovery does not know.
+    pub const OUTBOUND_UNKNOWN: &str = "AMBIT_OUTBOUND_UNKNOWN";
     /// The only directory whose network namespaces discovery may name (local mode).
     pub const LOCAL_NETNS_DIR: &str = "AMBIT_LOCAL_NETNS_DIR";
 }
@@ -158,6 +160,11 @@ pub struct Config {
     #[arg(long, env = env::HTTP_IDLE_TIMEOUT, default_value = "10m", value_parser = ambit_api::duration::parse_duration)]
     #[serde(serialize_with = "ser_duration")]
     pub http_idle_timeout: std::time::Duration,
+    /// Connections of meshed pods to addresses discovery does not know (neither a Service
+    /// nor a pod): `allow` connects as asked, in plaintext; `deny` refuses them (HTTP 403,
+    /// TCP closed), also while discovery has not delivered its first snapshot.
+    #[arg(long, env = env::OUTBOUND_UNKNOWN, value_enum, default_value = "allow")]
+    pub outbound_unknown: crate::proxy::OutboundUnknown,
     /// Network namespaces named by discovery (`local.ambit.dev/netns`, local mode only) are
     /// honoured only under this directory; never the proxy's own namespace.
     #[arg(long, env = env::LOCAL_NETNS_DIR, default_value = defaults::LOCAL_NETNS_DIR)]

@@ -2,8 +2,10 @@
 //! chain and unmodified clients: nothing outside a pod reaches its outbound listener; the
 //! proxy's own ports are never a destination; one pod's flood of connections is refused
 //! beyond its budget while the node's other pods are served; idle HTTP connections are
-//! closed; pod-named network namespaces outside the allowed directory are refused. Run as
-//! root.
+//! closed; a Service endpoint whose slice does not name its pod still goes through the mesh
+//! when that pod is meshed; `--outbound-unknown deny` refuses what discovery does not know;
+//! pod-named network namespaces outside the allowed directory are refused; a pod gone from
+//! discovery stays redirected, failing closed. Run as root.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure
 
@@ -41,6 +43,19 @@ metadata: {{name: web-1, namespace: shop, labels: {{kubernetes.io/service-name: 
 addressType: IPv4
 ports: [{{name: http, port: 8080}}]
 endpoints: [{{addresses: [10.78.2.10], targetRef: {{kind: Pod, name: web, namespace: shop}}}}]
+---
+apiVersion: v1
+kind: Service
+metadata: {{name: api, namespace: shop}}
+spec: {{clusterIP: 10.96.0.11, ports: [{{name: http, port: 80}}]}}
+---
+# A slice without targetRef: it does not say which pod (nor identity) is behind it.
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {{name: api-1, namespace: shop, labels: {{kubernetes.io/service-name: api}}}}
+addressType: IPv4
+ports: [{{name: http, port: 8080}}]
+endpoints: [{{addresses: [10.78.2.11]}}]
 ",
         pod("cli", "shop", "node-a", "10.78.1.10"),
         pod("web", "shop", "node-b", "10.78.2.10"),
@@ -91,6 +106,7 @@ async fn scenario(test: &str, redirect: Redirect) {
     let cp = ControlPlane::start(&cluster_yaml(), &["node-a", "node-b"]).await;
     let mut config_a = c.node("node-a").proxy_config(&cp, redirect);
     config_a.http_idle_timeout = Duration::from_secs(2);
+    config_a.outbound_unknown = ambit_proxy::proxy::OutboundUnknown::Deny;
     let mut config_b = c.node("node-b").proxy_config(&cp, redirect);
     config_b.max_connections_per_pod = 20;
     let a = NodeProxy::start_config(config_a).await;
@@ -222,6 +238,64 @@ except socket.timeout:
     )
     .await;
     assert_eq!(idle, "closed");
+
+    // A Service endpoint whose slice does not name its pod is still reached through the
+    // mesh when the pod at that address is meshed: never in plaintext.
+    assert_eq!(
+        c.curl_async(&cli, "http://10.96.0.11/").await,
+        Ok((200, "hello from api".into()))
+    );
+    let inbound_api = [
+        "direction=\"inbound\"",
+        "pod=\"api\"",
+        "client_id=\"spiffe://cluster.local/ns/shop/sa/cli\"",
+        "tls=\"true\"",
+    ];
+    assert!(
+        metric_sum(&b.metrics().await, "request_total", &inbound_api) >= 2,
+        "{}",
+        b.metrics().await
+    );
+
+    // --outbound-unknown deny (cli's proxy): a pod outside the mesh but known is reached;
+    // once discovery no longer knows the address, it is refused with a reason.
+    http_server(&old_ns, 8080, "hello from old").await;
+    assert_eq!(
+        c.curl_async(&cli, "http://10.78.1.20:8080/").await,
+        Ok((200, "hello from old".into()))
+    );
+    cp.set_cluster(&cluster_yaml().replace(&pod("old", "legacy", "node-a", "10.78.1.20"), ""));
+    let mut head = String::new();
+    for _ in 0..100 {
+        let out = tokio::task::spawn_blocking({
+            let (c, cli) = (c.clone(), cli.clone());
+            move || {
+                c.exec(
+                    &cli,
+                    &[
+                        "curl",
+                        "-sS",
+                        "--max-time",
+                        "10",
+                        "-D",
+                        "-",
+                        "-o",
+                        "/dev/null",
+                        "http://10.78.1.20:8080/",
+                    ],
+                )
+            }
+        })
+        .await
+        .unwrap();
+        head = String::from_utf8_lossy(&out.stdout).to_lowercase();
+        if head.starts_with("http/1.1 403") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(head.starts_with("http/1.1 403"), "{head}");
+    assert!(head.contains("--outbound-unknown deny"), "{head}");
 
     a.stop().await;
     b.stop().await;

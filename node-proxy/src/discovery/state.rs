@@ -316,7 +316,16 @@ impl DiscoveryState {
                                 .then(|| e.ports.values().next().copied())
                                 .flatten()
                         })?;
-                        Some((SocketAddr::new(e.address, p), e.clone()))
+                        let mut e = e.clone();
+                        // A meshed pod is reached through the tunnel even when its
+                        // EndpointSlice does not say who it is (never in plaintext).
+                        if e.identity.is_none() {
+                            e.identity = self
+                                .workload_by_ip(e.address)
+                                .filter(|w| w.meshed)
+                                .map(|w| w.identity.clone());
+                        }
+                        Some((SocketAddr::new(e.address, p), e))
                     })
                     .collect();
                 return Destination::Service {

@@ -67,6 +67,7 @@ pub fn error_response(e: &ProxyError) -> Response<Body> {
         ProxyError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
         ProxyError::Upstream(_) => StatusCode::BAD_GATEWAY,
         ProxyError::Identity(_) => StatusCode::SERVICE_UNAVAILABLE,
+        ProxyError::Denied(_) => StatusCode::FORBIDDEN,
         ProxyError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
     };
     let mut resp = Response::new(body::text(format!("{e}\n")));
@@ -169,13 +170,16 @@ fn candidates(dst: SocketAddr, shared: &Shared) -> Result<(Vec<Candidate>, Strin
             }],
             String::new(),
         ),
-        Destination::Unknown(addr) => (
-            vec![Candidate {
-                addr,
-                identity: None,
-            }],
-            String::new(),
-        ),
+        Destination::Unknown(addr) => {
+            shared.outbound_unknown.check(addr)?;
+            (
+                vec![Candidate {
+                    addr,
+                    identity: None,
+                }],
+                String::new(),
+            )
+        }
     })
 }
 
@@ -431,6 +435,7 @@ mod tests {
             (ProxyError::Unavailable("no ready endpoints".into()), 503),
             (ProxyError::Identity("no certificate".into()), 503),
             (ProxyError::Timeout("connecting".into()), 504),
+            (ProxyError::Denied("not known".into()), 403),
             (ProxyError::Internal("oops".into()), 500),
         ] {
             let resp = error_response(&e);

@@ -78,6 +78,9 @@ pub enum ProxyError {
     /// The client asked for something not allowed.
     #[error("client: {0}")]
     Client(String),
+    /// Refused by configuration or policy.
+    #[error("denied: {0}")]
+    Denied(String),
     /// Our own failure.
     #[error("internal: {0}")]
     Internal(String),
@@ -92,6 +95,7 @@ impl ProxyError {
             ProxyError::Unavailable(_) => "unavailable",
             ProxyError::Identity(_) => "identity",
             ProxyError::Client(_) => "client",
+            ProxyError::Denied(_) => "denied",
             ProxyError::Internal(_) => "internal",
         }
     }
@@ -124,6 +128,33 @@ pub struct Shared {
     pub limits: crate::limits::Limits,
     /// How long an application's HTTP connection may stay silent.
     pub http_idle_timeout: std::time::Duration,
+    /// Whether a pod may reach destinations discovery does not know.
+    pub outbound_unknown: OutboundUnknown,
+}
+
+/// What happens to a pod's connection to an address discovery does not know (not a
+/// Service, not a pod): `--outbound-unknown`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OutboundUnknown {
+    /// Connect as asked, in plaintext (an address outside the cluster).
+    #[default]
+    Allow,
+    /// Refuse: only destinations discovery knows (also before discovery has delivered its
+    /// first snapshot), as Istio's `REGISTRY_ONLY`.
+    Deny,
+}
+
+impl OutboundUnknown {
+    /// `Err` when `dst` may not be reached.
+    pub fn check(self, dst: SocketAddr) -> Result<(), ProxyError> {
+        match self {
+            OutboundUnknown::Allow => Ok(()),
+            OutboundUnknown::Deny => Err(ProxyError::Denied(format!(
+                "{dst} is not a destination discovery knows (--outbound-unknown deny)"
+            ))),
+        }
+    }
 }
 
 /// One meshed pod served by this proxy.

@@ -99,7 +99,9 @@ fn route(dst: SocketAddr, shared: &Shared) -> Result<(Route, Option<Pick>, Strin
             None,
             String::new(),
         )),
-        Destination::Pod(_, addr) | Destination::Unknown(addr) => {
+        Destination::Pod(_, addr) => Ok((Route::Direct(addr), None, String::new())),
+        Destination::Unknown(addr) => {
+            shared.outbound_unknown.check(addr)?;
             Ok((Route::Direct(addr), None, String::new()))
         }
     }

@@ -155,3 +155,37 @@ fn an_invalid_resource_is_skipped_and_reported_without_losing_the_rest() {
     );
     assert_eq!(s.workloads().count(), 3);
 }
+
+#[test]
+fn an_endpoint_of_a_meshed_pod_is_meshed_even_when_its_slice_says_nothing() {
+    let mut s = DiscoveryState::default();
+    let mut svc = svc();
+    // The slice lost the identity (and says not meshed); the pod behind it is meshed.
+    svc.endpoints[0].identity = String::new();
+    svc.endpoints[0].meshed = false;
+    // A second ready endpoint that is no pod discovery knows stays plaintext.
+    svc.endpoints[1].ready = true;
+    s.apply(pb::Update {
+        snapshot: true,
+        workloads: vec![wl("shop", "web-0", "node-a", "10.1.0.5", true)],
+        services: vec![svc],
+        ..Default::default()
+    });
+    let Destination::Service { endpoints, .. } = s.resolve("10.96.0.10:80".parse().unwrap()) else {
+        panic!("not a Service")
+    };
+    let ids: Vec<_> = endpoints
+        .iter()
+        .map(|(a, e)| (a.to_string(), e.identity.as_ref().map(|i| i.to_string())))
+        .collect();
+    assert_eq!(
+        ids,
+        [
+            (
+                "10.1.0.5:8080".to_string(),
+                Some("spiffe://cluster.local/ns/shop/sa/web-0".to_string())
+            ),
+            ("10.1.0.6:8080".to_string(), None),
+        ]
+    );
+}
