@@ -34,6 +34,8 @@ pub mod code {
     pub const PROXY_UNREACHABLE: u32 = 100;
     /// The node proxy could not redirect the pod.
     pub const NOT_REDIRECTED: u32 = 101;
+    /// The node proxy refused the caller (not root, or not the plugin's executable).
+    pub const PEER_REFUSED: u32 = 102;
 }
 
 /// A pod, as the CNI runtime names it.

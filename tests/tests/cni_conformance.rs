@@ -1077,3 +1077,56 @@ async fn with_a_plugin_binary_only_that_file_is_served_and_an_upgrade_is_seen_at
     assert_eq!(before, node.web_record());
     node.stop().await;
 }
+
+/// A flood of connections that send nothing holds at most MAX_CONNECTIONS requests: one
+/// more is answered "try again later" (code 11) at once, counted; the plugin's pods are
+/// untouched, and once the silent ones time out the socket serves again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_silent_connections_gets_try_again_and_the_socket_recovers() {
+    let node = Node::start(|_| {}).await;
+    let before = node.web_record();
+    let mut silent = Vec::new();
+    for _ in 0..ambit_proxy::cni::MAX_CONNECTIONS {
+        silent.push(tokio::net::UnixStream::connect(&node.socket).await.unwrap());
+    }
+    // Give the proxy time to accept them all (each now waits for its request).
+    let mut answer = Vec::new();
+    for _ in 0..100 {
+        use tokio::io::AsyncReadExt;
+        let mut extra = tokio::net::UnixStream::connect(&node.socket).await.unwrap();
+        answer.clear();
+        let read = tokio::time::timeout(Duration::from_secs(2), extra.read_to_end(&mut answer));
+        if read.await.is_ok() && answer.len() > 4 {
+            let v: Value = serde_json::from_slice(&answer[4..]).unwrap();
+            if v["code"] == 11 {
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let v: Value = serde_json::from_slice(&answer[4..]).unwrap();
+    assert_eq!(v["code"], 11, "{v}");
+    assert!(v["msg"].as_str().unwrap().contains("busy"), "{v}");
+    assert!(
+        node.metric("cni_requests_total", &["command=\"busy\""])
+            .await
+            >= 1,
+        "{}",
+        node.proxy.metrics().await
+    );
+    // The silent ones are answered (incomplete request) within the read timeout; then the
+    // socket serves a real request again.
+    drop(silent);
+    let mut served = false;
+    for _ in 0..100 {
+        let check = node.plugin(&node.bin, "CHECK", "web", "s1").await;
+        if check.status == 0 {
+            served = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(served);
+    node.web_unchanged(&before).await;
+    node.stop().await;
+}

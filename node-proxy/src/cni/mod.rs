@@ -39,11 +39,16 @@ use tokio::sync::watch;
 
 /// How long a client has to send its whole request.
 const READ_TIMEOUT: Duration = Duration::from_secs(5);
+/// Requests served at once (an ADD waits up to `--cni-add-timeout` for its pod). A node
+/// starts at most a few hundred pods at once (110 by default); beyond this, a request is
+/// answered "try again later" (code 11) without being read, so that a flood of
+/// connections cannot hold the proxy's descriptors and memory.
+pub const MAX_CONNECTIONS: usize = 256;
 
 /// Labels of `cni_requests_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CniLabels {
-    /// add, del, check, status, gc, or invalid.
+    /// add, del, check, status, gc, invalid, or busy (not read: too many at once).
     pub command: String,
     /// redirected, not_meshed, ok, or error.
     pub result: String,
@@ -145,13 +150,24 @@ pub fn bind(path: &std::path::Path) -> io::Result<Option<UnixListener>> {
 /// Serves the CNI socket until `shutdown`.
 pub async fn serve(listener: UnixListener, server: CniServer, shutdown: impl Future<Output = ()>) {
     tokio::pin!(shutdown);
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     loop {
         tokio::select! {
             _ = &mut shutdown => return,
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
                     let server = server.clone();
-                    tokio::spawn(async move { server.connection(stream).await });
+                    match slots.clone().try_acquire_owned() {
+                        Ok(slot) => {
+                            tokio::spawn(async move {
+                                server.connection(stream).await;
+                                drop(slot);
+                            });
+                        }
+                        Err(_) => {
+                            tokio::spawn(async move { server.busy(stream).await });
+                        }
+                    }
                 }
                 Err(error) => {
                     tracing::warn!(%error, "CNI socket: accept failed");
@@ -163,6 +179,20 @@ pub async fn serve(listener: UnixListener, server: CniServer, shutdown: impl Fut
 }
 
 impl CniServer {
+    /// Answers a connection over [`MAX_CONNECTIONS`] without reading it.
+    async fn busy(&self, mut stream: UnixStream) {
+        let response = error(
+            code::TRY_AGAIN,
+            "the node proxy is busy",
+            format!("{MAX_CONNECTIONS} CNI requests are in progress; the runtime retries"),
+        );
+        self.metrics.count("busy", &response);
+        if let Ok(bytes) = encode(&response) {
+            let _ = tokio::time::timeout(READ_TIMEOUT, stream.write_all(&bytes)).await;
+            let _ = stream.shutdown().await;
+        }
+    }
+
     /// The netns the pod's listeners are open in, if they are.
     fn served_netns(&self, key: &str) -> Option<std::path::PathBuf> {
         self.serving.borrow().get(key).cloned()

@@ -17,9 +17,8 @@ use std::os::fd::AsFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-/// The CNI error code of a refused peer (plugin-specific, after `ambit_api::cni::code`'s
-/// 100 and 101).
-pub const PEER_REFUSED: u32 = 102;
+/// The CNI error code of a refused peer.
+pub use ambit_api::cni::code::PEER_REFUSED;
 
 /// What the CNI socket demands of its peers.
 #[derive(Clone, Debug, Default)]
