@@ -86,9 +86,13 @@ pub async fn run(
     )
     .map_err(|e| AppError::File(format!("--token-file {e}")))?;
 
-    let redirector =
-        crate::proxy::Redirector::new(config.redirect, &config.bpf_pin_dir, &config.cgroup_path)
-            .map_err(AppError::Redirect)?;
+    let redirector = crate::proxy::Redirector::new(
+        config.redirect,
+        &config.bpf_pin_dir,
+        &config.cgroup_path,
+        &config.run_dir.join(crate::proxy::redirect::MODE_RECORD),
+    )
+    .map_err(AppError::Redirect)?;
     let pods = crate::cni::PodRegistry::open(&config.run_dir)
         .map_err(|e| AppError::File(format!("--run-dir {}: {e}", config.run_dir.display())))?;
 

@@ -492,6 +492,14 @@ impl NodeProxy {
         )
     }
 
+    /// Waits for the proxy to end on its own (a start that fails); how it ended.
+    pub async fn exit(mut self) -> Result<(), String> {
+        let exited = self.exited.take().expect("not stopped yet");
+        let result = exited.await.unwrap();
+        self.stop.take();
+        result
+    }
+
     /// Stops the proxy, waits for it to drain and for its runtime to be gone.
     pub async fn stop(mut self) {
         if let Some(s) = self.stop.take() {

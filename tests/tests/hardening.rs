@@ -498,3 +498,42 @@ async fn a_pod_gone_from_discovery_stays_redirected_and_fails_closed_with_ebpf()
 async fn a_pod_gone_from_discovery_stays_redirected_and_fails_closed_with_nftables() {
     gone_from_discovery("gonenft", Redirect::Nftables).await;
 }
+
+/// `--redirect auto` never switches a node whose pods an earlier run redirected with eBPF
+/// to nftables (with the programs still attached every outbound connection would fail):
+/// when the kernel refuses eBPF now, the proxy does not start, and says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auto_does_not_fall_back_to_nftables_over_pinned_ebpf() {
+    let c = Arc::new(Cluster::new(
+        "autopin",
+        &["node-a", "node-b"],
+        Path::new(CNI),
+    ));
+    let cp = ControlPlane::start(&cluster_yaml(), &["node-a", "node-b"]).await;
+    let config = c.node("node-b").proxy_config(&cp, Redirect::Ebpf);
+    let b = NodeProxy::start_config(config.clone()).await;
+    let web = c.add("node-b", "shop", "web", 10).await;
+    b.stop().await;
+    // The same node, auto, on a "kernel" that refuses the programs (no cgroup to attach
+    // to): before, it fell back to nftables under the pinned eBPF programs.
+    let mut auto = config.clone();
+    auto.redirect = Redirect::Auto;
+    auto.cgroup_path = "/nonexistent-cgroup".into();
+    let err = NodeProxy::spawn_config(auto).exit().await.unwrap_err();
+    assert!(err.contains("does not fall back to nftables"), "{err}");
+    assert!(err.contains("links pinned under"), "{err}");
+    // With eBPF available it starts, in eBPF mode, and still serves the pod.
+    let mut auto = config.clone();
+    auto.redirect = Redirect::Auto;
+    let b = NodeProxy::start_config(auto).await;
+    let dump: serde_json::Value =
+        serde_json::from_str(&ambit_e2e::http_get(b.admin_addr, "/config_dump").await.1).unwrap();
+    assert_eq!(dump["redirect_mode"], "ebpf", "{dump}");
+    b.stop().await;
+    let (c2, p) = (c.clone(), web.clone());
+    tokio::task::spawn_blocking(move || c2.del_pod(&p))
+        .await
+        .unwrap()
+        .unwrap();
+    cp.stop().await;
+}

@@ -61,24 +61,96 @@ pub struct FamilyListeners<'a> {
     pub plain: &'a TcpListener,
 }
 
+/// The file in the run directory where the mode in effect is kept, with the pods it
+/// redirected.
+pub const MODE_RECORD: &str = "redirect-mode";
+
+/// What `--redirect` resolves to on this start.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Plan {
+    /// eBPF; `fallback` to nftables when the kernel refuses the programs.
+    Ebpf {
+        /// Whether nftables may be used instead.
+        fallback: bool,
+    },
+    /// nftables.
+    Nftables,
+    /// Nothing.
+    None,
+}
+
+/// Resolves `asked` against what an earlier run left on the node: the mode it recorded,
+/// and whether eBPF links are pinned. The choice is kept with the pods: `auto` never
+/// switches a node whose pods were redirected by eBPF to nftables (with the eBPF
+/// programs still attached, every outbound connection would fail) nor the other way;
+/// an explicit `nftables` with eBPF links still pinned is an error.
+pub fn plan(
+    asked: Redirect,
+    recorded: Option<Redirect>,
+    links_pinned: bool,
+    pin_dir: &Path,
+) -> Result<Plan, String> {
+    let earlier = if links_pinned {
+        Some(Redirect::Ebpf)
+    } else {
+        recorded.filter(|r| matches!(r, Redirect::Ebpf | Redirect::Nftables))
+    };
+    match (asked, earlier) {
+        (Redirect::Auto, Some(Redirect::Ebpf)) | (Redirect::Ebpf, _) => {
+            Ok(Plan::Ebpf { fallback: false })
+        }
+        (Redirect::Auto, Some(_)) => Ok(Plan::Nftables),
+        (Redirect::Auto, None) => Ok(Plan::Ebpf { fallback: true }),
+        (Redirect::Nftables, _) if links_pinned => Err(format!(
+            "eBPF links of an earlier run are pinned under {}: pods on this node are redirected by eBPF. \
+             Use --redirect ebpf (or auto), or drain the node and remove {} first",
+            pin_dir.join("links").display(),
+            pin_dir.display()
+        )),
+        (Redirect::Nftables, _) => Ok(Plan::Nftables),
+        (Redirect::None, _) => Ok(Plan::None),
+    }
+}
+
 impl Redirector {
-    /// Sets up `mode`. With `auto`, a kernel that refuses the programs means nftables
-    /// (logged); with `ebpf`, it is an error.
-    pub fn new(mode: Redirect, pin_dir: &Path, cgroup: &Path) -> Result<Self, String> {
+    /// Sets up `mode` as [`plan`] resolves it against what an earlier run left (the mode
+    /// recorded in `record`, links pinned under `pin_dir`), and records the mode in
+    /// effect. With `auto` on a fresh node, a kernel that refuses the programs means
+    /// nftables (logged); otherwise it is an error.
+    pub fn new(
+        mode: Redirect,
+        pin_dir: &Path,
+        cgroup: &Path,
+        record: &Path,
+    ) -> Result<Self, String> {
+        let recorded = std::fs::read_to_string(record)
+            .ok()
+            .and_then(|m| <Redirect as clap::ValueEnum>::from_str(m.trim(), false).ok());
+        let links_pinned =
+            std::fs::read_dir(pin_dir.join("links")).is_ok_and(|mut d| d.next().is_some());
         let ebpf = || -> Result<Self, String> {
             let r = Redirection::load(pin_dir).map_err(|e| format!("ebpf: {e}"))?;
             r.attach_cgroup(cgroup).map_err(|e| format!("ebpf: {e}"))?;
             Ok(Self::Ebpf(Arc::new(Mutex::new(r))))
         };
-        match mode {
-            Redirect::Ebpf => ebpf(),
-            Redirect::Nftables => Ok(Self::Nftables),
-            Redirect::None => Ok(Self::None),
-            Redirect::Auto => ebpf().or_else(|error| {
+        let redirector = match plan(mode, recorded, links_pinned, pin_dir)? {
+            Plan::Ebpf { fallback: false } if mode == Redirect::Auto => ebpf().map_err(|e| {
+                format!("{e}; eBPF redirection of an earlier run is in place (links pinned under {}, or {} says ebpf), so auto does not fall back to nftables", pin_dir.display(), record.display())
+            })?,
+            Plan::Ebpf { fallback: false } => ebpf()?,
+            Plan::Ebpf { fallback: true } => ebpf().or_else(|error| {
                 tracing::warn!(%error, "eBPF redirection unavailable; using nftables");
-                Ok(Self::Nftables)
-            }),
+                Ok::<_, String>(Self::Nftables)
+            })?,
+            Plan::Nftables => Self::Nftables,
+            Plan::None => Self::None,
+        };
+        if let Some(dir) = record.parent() {
+            let _ = std::fs::create_dir_all(dir);
         }
+        std::fs::write(record, redirector.mode())
+            .map_err(|e| format!("recording the redirect mode in {}: {e}", record.display()))?;
+        Ok(redirector)
     }
 
     /// The mode's name, for `/config_dump` and the logs.
@@ -200,20 +272,69 @@ mod tests {
         // A cgroup that does not exist stands for a kernel without the hooks: the
         // programs load, attaching fails. (Root; no cgroup is touched.)
         let dir = pin_dir("fallback");
+        let run = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let record = |name: &str| run.path().join(name);
         let nowhere = Path::new("/nonexistent/cgroup");
-        let auto = Redirector::new(Redirect::Auto, &dir, nowhere);
-        let forced = Redirector::new(Redirect::Ebpf, &dir, nowhere);
+        let auto = Redirector::new(Redirect::Auto, &dir, nowhere, &record("a"));
+        let forced = Redirector::new(Redirect::Ebpf, &dir, nowhere, &record("b"));
         let _ = ambit_ebpf::remove_pinned(&dir);
         assert_eq!(auto.map(|r| r.mode()), Ok("nftables"));
+        assert_eq!(
+            std::fs::read_to_string(record("a")).ok().as_deref(),
+            Some("nftables")
+        );
         let err = forced.map(|r| r.mode()).unwrap_err();
         assert!(err.contains("/nonexistent/cgroup"), "{err}");
         assert_eq!(
-            Redirector::new(Redirect::Nftables, &dir, nowhere).map(|r| r.mode()),
+            Redirector::new(Redirect::Nftables, &dir, nowhere, &record("c")).map(|r| r.mode()),
             Ok("nftables")
         );
         assert_eq!(
-            Redirector::new(Redirect::None, &dir, nowhere).map(|r| r.mode()),
+            Redirector::new(Redirect::None, &dir, nowhere, &record("d")).map(|r| r.mode()),
             Ok("none")
         );
+        // A node whose pods an earlier run redirected with eBPF: auto does not fall back.
+        std::fs::write(record("e"), "ebpf").unwrap_or_else(|e| panic!("{e}"));
+        let err = Redirector::new(Redirect::Auto, &dir, nowhere, &record("e"))
+            .map(|r| r.mode())
+            .unwrap_err();
+        let _ = ambit_ebpf::remove_pinned(&dir);
+        assert!(err.contains("does not fall back to nftables"), "{err}");
+        assert_eq!(
+            std::fs::read_to_string(record("e")).ok().as_deref(),
+            Some("ebpf")
+        );
+    }
+
+    #[test]
+    fn the_mode_is_kept_with_the_pods() {
+        let dir = Path::new("/sys/fs/bpf/ambit");
+        let ebpf = |fallback| Ok(Plan::Ebpf { fallback });
+        // A fresh node: auto tries eBPF and may fall back.
+        assert_eq!(plan(Redirect::Auto, None, false, dir), ebpf(true));
+        // Pods redirected by eBPF (links pinned, or recorded): eBPF or nothing.
+        assert_eq!(plan(Redirect::Auto, None, true, dir), ebpf(false));
+        assert_eq!(
+            plan(Redirect::Auto, Some(Redirect::Ebpf), false, dir),
+            ebpf(false)
+        );
+        let err = plan(Redirect::Nftables, None, true, dir).unwrap_err();
+        assert!(err.contains("/sys/fs/bpf/ambit/links"), "{err}");
+        // Pods redirected by nftables: auto stays with nftables, even on a kernel that
+        // would take eBPF now.
+        assert_eq!(
+            plan(Redirect::Auto, Some(Redirect::Nftables), false, dir),
+            Ok(Plan::Nftables)
+        );
+        // An explicit choice is the operator's.
+        assert_eq!(
+            plan(Redirect::Ebpf, Some(Redirect::Nftables), false, dir),
+            ebpf(false)
+        );
+        assert_eq!(
+            plan(Redirect::Nftables, Some(Redirect::Ebpf), false, dir),
+            Ok(Plan::Nftables)
+        );
+        assert_eq!(plan(Redirect::None, None, true, dir), Ok(Plan::None));
     }
 }
