@@ -537,3 +537,79 @@ async fn auto_does_not_fall_back_to_nftables_over_pinned_ebpf() {
         .unwrap();
     cp.stop().await;
 }
+
+/// eBPF inbound covers every address of a meshed pod: an address the proxy was not told of
+/// (here an IPv6 address on a pod redirected for IPv4 only) is refused, never delivered to
+/// the application around the proxy; the pod's known address is served as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_address_of_a_meshed_pod_the_proxy_does_not_know_is_refused_with_ebpf() {
+    let c = Arc::new(Cluster::new(
+        "v6hole",
+        &["node-a", "node-b"],
+        Path::new(CNI),
+    ));
+    // old-b: outside the mesh, on web's node (the same link).
+    let yaml = cluster_yaml() + &pod("old-b", "legacy", "node-b", "10.78.2.20");
+    let cp = ControlPlane::start(&yaml, &["node-a", "node-b"]).await;
+    let b = NodeProxy::start_config(c.node("node-b").proxy_config(&cp, Redirect::Ebpf)).await;
+    let a = NodeProxy::start_config(c.node("node-a").proxy_config(&cp, Redirect::Ebpf)).await;
+    let web = c.add("node-b", "shop", "web", 10).await;
+    let old = c.add("node-b", "legacy", "old-b", 20).await;
+    // Both pods get an IPv6 address on the same link (the proxy knows only web's IPv4).
+    for (pod, ip) in [(&web, "fd00:78::10/64"), (&old, "fd00:78::20/64")] {
+        let out = std::process::Command::new("ip")
+            .args([
+                "-n", &pod.netns, "-6", "addr", "add", ip, "dev", "eth0", "nodad",
+            ])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+    }
+    // web's application listens on every address, IPv4 and IPv6.
+    let web_ns = Netns::open(Path::new(&web.path())).unwrap();
+    let v4 = http_server(&web_ns, 8080, "hello from web").await;
+    let v6 = web_ns.bind("[::]:8080".parse().unwrap()).await.unwrap();
+    let reached = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = reached.clone();
+    tokio::spawn(async move {
+        while let Ok((_s, _)) = v6.accept().await {
+            counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    });
+    assert_eq!(
+        c.curl_async(&old, "http://10.78.2.10:8080/").await,
+        Ok((200, "hello from web".into()))
+    );
+    assert!(!v4.lock().unwrap().is_empty());
+    // From old-b (outside the mesh) to web's IPv6 address: refused, not delivered.
+    let got = python(
+        &c,
+        &old,
+        r#"
+import socket
+try:
+    s = socket.create_connection(("fd00:78::10", 8080), timeout=3)
+    s.sendall(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+    print("connected", s.recv(100))
+except OSError as e:
+    print("refused", e)
+"#,
+    )
+    .await;
+    assert!(got.starts_with("refused"), "{got}");
+    assert_eq!(
+        reached.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "delivered around the proxy"
+    );
+    a.stop().await;
+    b.stop().await;
+    for p in [&web, &old] {
+        let (c2, p) = (c.clone(), p.clone());
+        tokio::task::spawn_blocking(move || c2.del_pod(&p))
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    cp.stop().await;
+}

@@ -10,7 +10,9 @@
 //!   compute from the connection it accepts.
 //! - `ambit_sk_lookup` (`sk_lookup`, one link per meshed pod netns): TCP for the pod's own
 //!   addresses goes to the proxy's in-pod listener — 4143 for the mesh port, 4144 for
-//!   everything else — except skip-inbound ports and connections from the pod to itself.
+//!   everything else — except skip-inbound ports and connections from the pod to itself;
+//!   any other address of the pod's netns but loopback (one the proxy was not told of) is
+//!   refused.
 //!   When the listener is missing (the proxy is down) the connection is dropped, never
 //!   delivered to the application in the clear: fail closed.
 
@@ -226,19 +228,22 @@ fn steer(ctx: &SkLookupContext) -> u32 {
             FAMILY_V6,
         )
     };
+    // The pod talking to itself — and the proxy delivering to the application, which it
+    // does from the pod's own address — takes the ordinary path; so does loopback.
+    if ip == remote || is_loopback(&ip, family) {
+        return sk_action::SK_PASS;
+    }
     let key = PodIp {
         ip,
         family: u32::from(family),
     };
     // SAFETY: the value is copied out at once.
     let Some(pod) = (unsafe { POD_IPS.get(&key) }).copied() else {
-        return sk_action::SK_PASS;
+        // This program runs only in meshed pods' namespaces: an address of the pod the
+        // proxy was not told of (an IPv6 or link-local address of a pod redirected for
+        // IPv4, an address not known yet) is refused, never delivered around the proxy.
+        return sk_action::SK_DROP;
     };
-    // The pod talking to itself — and the proxy delivering to the application, which it
-    // does from the pod's own address — takes the ordinary path.
-    if ip == remote {
-        return sk_action::SK_PASS;
-    }
     let port = read(addr_of!(l.local_port)) as u16;
     if pod.skip.contains(port) {
         return sk_action::SK_PASS;
@@ -260,6 +265,17 @@ fn steer(ctx: &SkLookupContext) -> u32 {
         // A meshed pod whose listener is gone: refuse rather than bypass the proxy.
         Err(_) => sk_action::SK_DROP,
     }
+}
+
+/// 127.0.0.0/8, `::1`, and `::ffff:127.0.0.0/104` (words in network order).
+#[inline(always)]
+fn is_loopback(ip: &[u32; 4], family: u16) -> bool {
+    if family == FAMILY_V4 {
+        return ip[0].to_ne_bytes()[0] == 127;
+    }
+    let mapped = ip[0] == 0 && ip[1] == 0 && ip[2] == 0xffff_u32.to_be();
+    (ip[0] == 0 && ip[1] == 0 && ip[2] == 0 && ip[3] == 1_u32.to_be())
+        || (mapped && ip[3].to_ne_bytes()[0] == 127)
 }
 
 #[cfg(not(test))]
