@@ -351,6 +351,14 @@ impl Redirection {
     /// its `sk_lookup` link is detached. Missing state is not an error.
     pub fn remove_pod(&mut self, id: &str, netns_cookie: u64, ips: &[IpAddr]) {
         let _ = self.meshed.remove(&netns_cookie);
+        self.forget_addresses(ips);
+        // Removing the pin drops the last reference to the link: it detaches.
+        let _ = std::fs::remove_file(self.pin_dir.join("links").join(format!("pod-{id}")));
+    }
+
+    /// Forgets addresses a pod no longer has (its netns stays redirected: `sk_lookup` now
+    /// refuses them). Missing entries are not an error.
+    pub fn forget_addresses(&mut self, ips: &[IpAddr]) {
         for ip in ips {
             let (words, family) = ip_words(*ip);
             let _ = self.pod_ips.remove(&PodIp {
@@ -365,8 +373,6 @@ impl Redirection {
                 });
             }
         }
-        // Removing the pin drops the last reference to the link: it detaches.
-        let _ = std::fs::remove_file(self.pin_dir.join("links").join(format!("pod-{id}")));
     }
 
     /// The original destination of a connection accepted on a pod's outbound listener,

@@ -146,11 +146,23 @@ impl Lifecycle {
                 .filter(|(key, p)| !want.get(*key).is_some_and(|w| same(w, &p.pod.pod)))
                 .map(|(key, _)| key.clone())
                 .collect();
+            let mut readdressed = Vec::new();
             for key in leaving {
                 let Some(p) = served.remove(&key) else {
                     continue;
                 };
                 let pod = p.pod.close().await;
+                // Same netns, other addresses: the redirection stays (no window in which
+                // nothing redirects); the new listeners are opened below, and then the
+                // old addresses forgotten.
+                if want
+                    .get(&key)
+                    .is_some_and(|w| w.netns == pod.workload.netns)
+                {
+                    tracing::info!(pod = %key, "addresses changed; reopening its listeners, redirection kept");
+                    readdressed.push(pod);
+                    continue;
+                }
                 forget_later(
                     &self.shared,
                     &pod.workload,
@@ -187,6 +199,20 @@ impl Lifecycle {
                         tracing::error!(pod = %key, %error, retry_in = ?START_RETRY, "cannot open listeners in the pod's network namespace");
                     }
                 }
+            }
+            for old in readdressed {
+                let now = served
+                    .get(&old.workload.key())
+                    .map(|p| p.pod.pod.workload.ips.clone())
+                    .unwrap_or_default();
+                let gone: Vec<_> = old
+                    .workload
+                    .ips
+                    .iter()
+                    .filter(|ip| !now.contains(ip))
+                    .copied()
+                    .collect();
+                self.shared.redirector.forget_addresses(&gone);
             }
             self.publish(&s, &cni, &want, &served, &held);
             // A pod whose netns could not be entered (not there yet, a port taken) is

@@ -222,6 +222,14 @@ impl Redirector {
         }
     }
 
+    /// Forgets addresses a pod no longer has, its redirection staying (nftables rules
+    /// name no address: nothing to do).
+    pub fn forget_addresses(&self, ips: &[std::net::IpAddr]) {
+        if let Redirector::Ebpf(r) = self {
+            Self::ebpf(r).forget_addresses(ips);
+        }
+    }
+
     /// Where a connection accepted on a pod's outbound listener was going.
     pub fn outbound_dst(&self, stream: &TcpStream, netns_cookie: u64) -> io::Result<SocketAddr> {
         match self {
