@@ -87,8 +87,20 @@ def test_crds_pass_strict_validation_with_and_without_gateway_api(version):
         {"proxy": {"redirect": "iptables"}},
         {"controller": {"replicas": 0}},
         {"identity": {"certLifetime": "a day"}},
+        {"proxy": {"outboundUnknown": "block"}},
+        {"proxy": {"maxConnectionsPerPod": 0}},
+        {"proxy": {"httpIdleTimeout": "ten minutes"}},
     ],
-    ids=["misspelt-top-level", "misspelt-nested", "bad-enum", "bad-number", "bad-duration"],
+    ids=[
+        "misspelt-top-level",
+        "misspelt-nested",
+        "bad-enum",
+        "bad-number",
+        "bad-duration",
+        "bad-outbound-unknown",
+        "no-connections",
+        "bad-idle-timeout",
+    ],
 )
 def test_a_misspelt_or_invalid_value_is_refused_by_the_schema(values):
     chart = helm_python.Chart.load(str(AMBIT))
