@@ -143,6 +143,46 @@ impl Limits {
     }
 }
 
+/// At most `per_second` log lines a second for one kind of event (a flood of failing
+/// connections must not become a flood of log lines); what was left out is counted and
+/// said with the next line that is written.
+#[derive(Debug)]
+pub struct LogBudget {
+    per_second: u64,
+    second: AtomicU64,
+    written: AtomicU64,
+    suppressed: AtomicU64,
+}
+
+impl LogBudget {
+    /// A budget of `per_second` lines.
+    pub const fn new(per_second: u64) -> Self {
+        Self {
+            per_second,
+            second: AtomicU64::new(0),
+            written: AtomicU64::new(0),
+            suppressed: AtomicU64::new(0),
+        }
+    }
+
+    /// `Some(lines left out since the last one written)` when a line may be written now.
+    pub fn take(&self) -> Option<u64> {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        if self.second.swap(now, Ordering::Relaxed) != now {
+            self.written.store(0, Ordering::Relaxed);
+        }
+        if self.written.fetch_add(1, Ordering::Relaxed) < self.per_second {
+            Some(self.suppressed.swap(0, Ordering::Relaxed))
+        } else {
+            self.suppressed.fetch_add(1, Ordering::Relaxed);
+            None
+        }
+    }
+}
+
 /// Raises the soft descriptor limit to the hard one (as Envoy and Linkerd's proxy need
 /// in a busy node) and returns the limit in effect.
 pub fn raise_fd_limit() -> u64 {
@@ -199,6 +239,16 @@ mod tests {
         ] {
             assert!(text.contains(line), "{line} in\n{text}");
         }
+    }
+
+    #[test]
+    fn a_flood_of_log_lines_is_cut_to_the_budget_and_counted() {
+        let budget = LogBudget::new(5);
+        let written: Vec<_> = (0..100).filter_map(|_| budget.take()).collect();
+        // Within one second five are written (unless the second turned meanwhile, when
+        // the next five come with the count of those left out).
+        assert!((5..=10).contains(&written.len()), "{written:?}");
+        assert_eq!(written[..5], [0, 0, 0, 0, 0]);
     }
 
     #[test]

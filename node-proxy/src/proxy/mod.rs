@@ -57,6 +57,8 @@ pub const START_RETRY: std::time::Duration = std::time::Duration::from_secs(5);
 pub const PRUNE_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
 /// How long a departed pod's metric series stay, so that Prometheus scrapes them once more.
 pub const DEPARTED_METRICS_TTL: std::time::Duration = std::time::Duration::from_secs(60);
+/// Failed connections are counted each, logged at most 20 a second.
+static FAILURE_LOGS: crate::limits::LogBudget = crate::limits::LogBudget::new(20);
 /// Response header naming why the proxy failed a request, as Linkerd's `l5d-proxy-error`.
 pub const ERROR_HEADER: &str = "ambit-proxy-error";
 
@@ -407,7 +409,9 @@ pub(crate) async fn serve_each<F, Fut>(
         async move {
             if let Err(error) = failed.await {
                 shared.metrics.error(direction, error.kind());
-                tracing::info!(pod = %pod.workload.key(), %peer, direction, %error, "connection failed");
+                if let Some(suppressed) = FAILURE_LOGS.take() {
+                    tracing::info!(pod = %pod.workload.key(), %peer, direction, %error, suppressed, "connection failed");
+                }
             }
         }
     })
