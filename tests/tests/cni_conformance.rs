@@ -1130,3 +1130,48 @@ async fn a_flood_of_silent_connections_gets_try_again_and_the_socket_recovers() 
     node.web_unchanged(&before).await;
     node.stop().await;
 }
+
+/// A pod whose addresses nobody knows yet (no IPs in the CNI result, no podIP in
+/// discovery) is not reported redirected: ADD fails with 101 and /ready names it; once
+/// discovery has its address it is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_without_known_addresses_is_not_reported_redirected() {
+    let node = Node::start(|_| {}).await;
+    let without_ip = format!(
+        "{}---\napiVersion: v1\nkind: Pod\nmetadata: {{name: other, namespace: shop}}\n\
+         spec: {{nodeName: node-a, serviceAccountName: other, containers: []}}\n\
+         status: {{phase: Pending}}\n",
+        meshed_cluster(&node.t)
+    );
+    node.cp.set_cluster(&without_ip);
+    let other = node.t.pod("other").path();
+    let add = Request::Add(PodAdd {
+        pod: PodRef {
+            namespace: "shop".into(),
+            name: "other".into(),
+            container_id: "s9".into(),
+        },
+        uid: String::new(),
+        netns_path: other.clone(),
+        ips: Vec::new(),
+    });
+    let r = ask(&node.socket, add.clone(), Some(open(&other))).await;
+    let (code, msg, _) = refused(&r);
+    assert_eq!(code, 101, "{r:?}");
+    assert!(msg.contains("could not redirect pod shop/other"), "{msg}");
+    let (status, ready) = ambit_e2e::http_get(node.proxy.admin_addr, "/ready").await;
+    assert_eq!(status, 503, "{ready}");
+    assert!(ready.contains("shop/other"), "{ready}");
+    // The kubelet reports its address: served, and the runtime's retried ADD succeeds.
+    let with_ip = without_ip.replace(
+        "status: {phase: Pending}",
+        &format!(
+            "status: {{podIP: {}, phase: Running}}",
+            node.t.pod("other").ip
+        ),
+    );
+    node.cp.set_cluster(&with_ip);
+    let r = ask(&node.socket, add, Some(open(&other))).await;
+    assert_eq!(r, Response::Redirected, "{r:?}");
+    node.stop().await;
+}

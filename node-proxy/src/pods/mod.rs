@@ -283,6 +283,14 @@ impl Lifecycle {
         served: &BTreeMap<String, Served>,
     ) -> std::io::Result<ServedPod> {
         let path = workload.netns.clone().unwrap_or_default();
+        if workload.ips.is_empty() {
+            // Redirection is per address: a pod is not reported redirected before its
+            // addresses are known (the runtime starts no container before ADD succeeds).
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                "its addresses are not known yet (neither the CNI result nor discovery has them); not redirected until they are",
+            ));
+        }
         if !from_cni {
             netns_allowed(&path, &self.local_netns_dir)?;
         }
