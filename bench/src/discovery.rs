@@ -106,7 +106,7 @@ async fn open_streams(
     let (ready_tx, mut ready_rx) = mpsc::channel::<anyhow::Result<()>>(n);
     let opening = std::sync::Arc::new(tokio::sync::Semaphore::new(32));
     for i in 0..n {
-        let mut client = DiscoveryClient::new(cp.channel(&format!("http://{addr}")))
+        let mut client = DiscoveryClient::new(cp.channel(&format!("https://{addr}")))
             .max_decoding_message_size(64 << 20);
         let arrivals = arrivals.clone();
         let ready = ready_tx.clone();

@@ -83,10 +83,10 @@ pub struct Config {
     #[arg(long, env = env::NODE_NAME)]
     pub node_name: String,
     /// URL of the control plane's identity service.
-    #[arg(long, env = env::IDENTITY_URL, default_value = "http://ambit-control.ambit.svc:8080")]
+    #[arg(long, env = env::IDENTITY_URL, default_value = "https://ambit-control.ambit.svc:8080")]
     pub identity_url: String,
     /// URL of the control plane's discovery service.
-    #[arg(long, env = env::DISCOVERY_URL, default_value = "http://ambit-control.ambit.svc:8086")]
+    #[arg(long, env = env::DISCOVERY_URL, default_value = "https://ambit-control.ambit.svc:8086")]
     pub discovery_url: String,
     /// File holding the node credential (its content is never logged or dumped).
     #[arg(long, env = env::TOKEN_FILE, default_value = "/var/run/secrets/ambit/token")]
@@ -189,8 +189,12 @@ impl Config {
             ("--identity-url", &self.identity_url),
             ("--discovery-url", &self.discovery_url),
         ] {
-            if !(url.starts_with("http://") || url.starts_with("https://")) {
-                errors.push(format!("{flag}: {url:?} is not an http:// or https:// URL"));
+            if let Some(rest) = url.strip_prefix("http://") {
+                errors.push(format!(
+                    "{flag}: {url:?}: the control plane speaks only TLS; use https://{rest}"
+                ));
+            } else if !url.starts_with("https://") {
+                errors.push(format!("{flag}: {url:?} is not an https:// URL"));
             }
         }
         if let Err(e) = ambit_api::WorkloadIdentity::new(&self.trust_domain, "ns", "sa") {
@@ -254,5 +258,33 @@ mod tests {
             PathBuf::from("/host/opt/cni/bin/ambit-cni")
         );
         assert!(parse(&["--redirect", "iptables"]).is_err());
+    }
+
+    #[test]
+    fn a_plaintext_control_plane_url_is_refused_with_a_hint() {
+        let mut c = Config::try_parse_from([
+            "ambit-proxy",
+            "--node-name",
+            "n",
+            "--trust-anchors",
+            "/x",
+            "--identity-url",
+            "http://ambit-control.ambit.svc:8080",
+        ])
+        .unwrap_or_else(|e| panic!("{e}"));
+        c.token_file = PathBuf::from("/proc/self/status");
+        c.trust_anchors = PathBuf::from("/proc/self/status");
+        let errors = c.validate().unwrap_err();
+        assert_eq!(
+            errors,
+            ["--identity-url: \"http://ambit-control.ambit.svc:8080\": the control plane speaks only TLS; use https://ambit-control.ambit.svc:8080"]
+        );
+        assert!(crate::control::channel(
+            "http://127.0.0.1:8080",
+            &crate::testing::TestCa::new("cluster.local").bundle(),
+            crate::control::default_identity("cluster.local").unwrap_or_else(|e| panic!("{e}")),
+            std::time::Duration::from_secs(1),
+        )
+        .is_err_and(|e| e.to_string().contains("use https://127.0.0.1:8080")));
     }
 }

@@ -38,8 +38,15 @@ pub fn channel(
         url: url.to_string(),
         reason,
     };
-    // TLS is ours (the connector below), so tonic sees plain http.
-    let plain = url.replacen("https://", "http://", 1);
+    // The control plane speaks only TLS: an http:// URL is refused, not silently
+    // upgraded. TLS is ours (the connector below), so tonic sees plain http.
+    let Some(rest) = url.strip_prefix("https://") else {
+        return Err(err(match url.strip_prefix("http://") {
+            Some(rest) => format!("the control plane speaks only TLS; use https://{rest}"),
+            None => "not an https:// URL".into(),
+        }));
+    };
+    let plain = format!("http://{rest}");
     let endpoint = Endpoint::from_shared(plain)
         .map_err(|e| err(e.to_string()))?
         .connect_timeout(timeout)

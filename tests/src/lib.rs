@@ -249,7 +249,7 @@ impl ControlPlane {
 
     /// The identity service's URL.
     pub fn identity_url(&self) -> String {
-        format!("http://{}", self.identity_addr)
+        format!("https://{}", self.identity_addr)
     }
 
     /// A TLS channel to `url` that requires the control plane's identity.
@@ -263,7 +263,7 @@ impl ControlPlane {
 
     /// The discovery service's URL.
     pub fn discovery_url(&self) -> String {
-        format!("http://{}", self.discovery_addr)
+        format!("https://{}", self.discovery_addr)
     }
 
     /// Rewrites the cluster directory's YAML.

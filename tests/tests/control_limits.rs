@@ -135,7 +135,7 @@ impl Limited {
     fn channel(&self, addr: SocketAddr) -> tonic::transport::Channel {
         let bundle = TrustBundle::from_pem(self.root_pem.as_bytes(), "cluster.local").unwrap();
         let id = ambit_proxy::control::default_identity("cluster.local").unwrap();
-        ambit_proxy::control::channel(&format!("http://{addr}"), &bundle, id, PROMPTLY).unwrap()
+        ambit_proxy::control::channel(&format!("https://{addr}"), &bundle, id, PROMPTLY).unwrap()
     }
 
     async fn certify(&self) -> Result<CertifyResponse, tonic::Status> {

@@ -316,7 +316,7 @@ async fn an_unreachable_ca_is_an_outage_the_manager_retries() {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap()
     };
-    let client = GrpcCaClient::new(cp.channel(&format!("http://{addr}")), node_token("node-a"));
+    let client = GrpcCaClient::new(cp.channel(&format!("https://{addr}")), node_token("node-a"));
     let err = client.certify(&web(), csr()).await.unwrap_err();
     assert!(
         matches!(err, ambit_proxy::identity::CaError::Unavailable(_)),

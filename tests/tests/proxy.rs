@@ -145,8 +145,8 @@ async fn the_proxy_is_not_ready_while_the_control_plane_is_unreachable() {
     std::fs::write(dir.path().join("root.crt"), root.cert_pem).unwrap();
     let config = proxy_config(
         "node-a",
-        format!("http://{closed}"),
-        format!("http://{closed}"),
+        format!("https://{closed}"),
+        format!("https://{closed}"),
         dir.path().join("token"),
         dir.path().join("root.crt"),
     );
@@ -184,7 +184,7 @@ async fn bad_configuration_is_reported_all_at_once() {
         ..proxy_config(
             "",
             String::new(),
-            "http://ok:8086".into(),
+            "https://ok:8086".into(),
             "/nonexistent/token".into(),
             "/nonexistent/roots.pem".into(),
         )
