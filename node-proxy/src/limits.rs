@@ -28,7 +28,7 @@ pub const FDS_PER_CONNECTION: u64 = 3;
 pub struct RefusedLabels {
     /// `outbound`, `inbound_mesh`, `inbound_plain` or `admin`.
     pub listener: String,
-    /// `pod_limit` or `node_limit`.
+    /// `pod_limit`, `node_limit` or `listener_limit` (a node listener's own cap).
     pub reason: String,
 }
 
@@ -46,7 +46,7 @@ pub struct Limits {
 #[derive(Debug)]
 pub struct Admitted {
     _pod: Option<OwnedSemaphorePermit>,
-    _node: OwnedSemaphorePermit,
+    _node: Option<OwnedSemaphorePermit>,
 }
 
 impl Limits {
@@ -108,9 +108,22 @@ impl Limits {
         match self.node.clone().try_acquire_owned() {
             Ok(node) => Some(Admitted {
                 _pod: pod_permit,
-                _node: node,
+                _node: Some(node),
             }),
             Err(_) => self.refuse(listener, "node_limit", self.node_max),
+        }
+    }
+
+    /// Admits a connection to a node listener (the admin server) out of its own cap only:
+    /// pods' traffic holding the node's budget must not take the kubelet's probes and
+    /// Prometheus away.
+    pub fn admit_own(&self, listener: &'static str, own: &Arc<Semaphore>) -> Option<Admitted> {
+        match own.clone().try_acquire_owned() {
+            Ok(p) => Some(Admitted {
+                _pod: Some(p),
+                _node: None,
+            }),
+            Err(_) => self.refuse(listener, "listener_limit", own.available_permits()),
         }
     }
 
@@ -224,6 +237,11 @@ mod tests {
         let _b1 = limits.admit("outbound", Some(&b)).unwrap();
         let _b2 = limits.admit("outbound", Some(&b)).unwrap();
         let _admin = limits.admit("admin", None).unwrap();
+        // A node listener's own cap is apart from the node's: full node, admin admitted.
+        let own = Arc::new(Semaphore::new(1));
+        let admin = limits.admit_own("admin", &own);
+        assert!(admin.is_some());
+        assert!(limits.admit_own("admin", &own).is_none());
         // The node's five are taken: pod b's budget is free again later, not the node's.
         let c = limits.pod_budget();
         assert!(limits.admit("outbound", Some(&c)).is_none());
@@ -234,6 +252,7 @@ mod tests {
         for line in [
             "tcp_connections_refused_total{listener=\"inbound_plain\",reason=\"pod_limit\"} 1",
             "tcp_connections_refused_total{listener=\"outbound\",reason=\"node_limit\"} 1",
+            "tcp_connections_refused_total{listener=\"admin\",reason=\"listener_limit\"} 1",
             "process_max_fds 4096",
             "proxy_max_connections 5",
         ] {

@@ -1050,7 +1050,8 @@ fn cni_garbage_with_fds(socket: &Path, too_long: bool, fds: usize) -> Vec<u8> {
     answer
 }
 
-/// BUG (node-proxy/src/cni/mod.rs, `recv_with_fd`): a message carrying more descriptors
+/// Found by this suite (node-proxy/src/cni/mod.rs, `recv_with_fd`), fixed by a control
+/// buffer with room for `SCM_MAX_FD` descriptors: a message carrying more descriptors
 /// than the four the proxy makes room for (`cmsg_space!([RawFd; 4])`) arrives with
 /// MSG_CTRUNC; the kernel has already installed four of them in the proxy, but nix's
 /// `RecvMsg::cmsgs()` returns ENOBUFS when MSG_CTRUNC is set, the `?` returns that error,
@@ -1059,10 +1060,8 @@ fn cni_garbage_with_fds(socket: &Path, too_long: bool, fds: usize) -> Vec<u8> {
 /// The peer must pass the socket's peer check (uid 0, and the plugin binary when
 /// configured), so this is a root-only leak, but a buggy or hostile plugin exhausts the
 /// proxy's descriptors with it. The fix: on MSG_CTRUNC, walk the control buffer anyway
-/// (or make room for more and close every descriptor beyond the first). Run with
-/// `--ignored` to reproduce.
+/// (or make room for more and close every descriptor beyond the first).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "BUG: the CNI socket leaks the descriptors of a message with more than four (recv_with_fd, MSG_CTRUNC)"]
 async fn the_cni_socket_closes_every_descriptor_a_peer_sends() {
     let m = Mesh::start("advcnifd", |_| {}).await;
     let before = usage();
@@ -1688,16 +1687,15 @@ async fn the_node_budget_bounds_every_pod_together_and_comes_back() {
     m.stop().await;
 }
 
-/// BUG (node-proxy/src/admin/mod.rs, `serve`: `limits.admit("admin", Some(&own))` takes a
+/// Found by this suite, fixed by `Limits::admit_own` (node-proxy/src/admin/mod.rs, `serve`:
+/// `limits.admit("admin", Some(&own))` took a
 /// permit of the node's budget too): when pod traffic holds the node's whole budget — here
 /// idle plaintext connections to one pod, which anyone who can reach the pod may open —
 /// the admin server closes every new connection at accept, so the kubelet's liveness and
 /// readiness probes and Prometheus get nothing. A liveness failure restarts the proxy:
 /// every pod of the node loses its connections. The admin server should keep a reserve
-/// outside the node's budget (its own cap of 128 already bounds it). Run with `--ignored`
-/// to reproduce.
+/// outside the node's budget (its own cap of 128 already bounds it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "BUG: admin probes are refused while pod traffic holds the node's connection budget"]
 async fn admin_probes_answer_while_the_node_budget_is_exhausted() {
     let m = Mesh::start("advnodeadm", |c| c.max_connections = 12).await;
     let (held, refused_count) = fill_node_budget(&m, 20).await;
@@ -1738,7 +1736,8 @@ fn held_by_proxy(netns: Option<&str>, port: u16, peer: u16) -> bool {
         .any(|l| l.contains(&own))
 }
 
-/// BUG (node-proxy/src/admin/mod.rs, `serve`): the admin server has a header-read timeout
+/// Found by this suite, fixed by `stall::WriteDeadline` (5 s on admin writes)
+/// (node-proxy/src/admin/mod.rs, `serve`): the admin server had a header-read timeout
 /// but no bound on writing an answer. A client that pipelines requests and never reads
 /// (a small receive window) leaves the server's write blocked — the header-read timer does
 /// not run while an answer is being written — so the connection is held for as long as the
@@ -1747,9 +1746,7 @@ fn held_by_proxy(netns: Option<&str>, port: u16, peer: u16) -> bool {
 /// /metrics answer no one, the kubelet's liveness probe fails and the proxy is restarted.
 /// Anyone who can reach :4191 (kubelet and Prometheus scrape it over the node's network)
 /// can do this. A write timeout per answer (or a total per connection) would bound it.
-/// Run with `--ignored` to reproduce.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "BUG: admin connections that never read their answers are held forever; 128 of them take the admin server down"]
 async fn a_client_that_never_reads_cannot_hold_the_admin_server() {
     const ADMIN_MAX_CONNECTIONS: usize = ambit_proxy::admin::MAX_CONNECTIONS;
     let m = Mesh::start("advadmread", |_| {}).await;
@@ -1796,7 +1793,9 @@ async fn a_client_that_never_reads_cannot_hold_the_admin_server() {
     m.stop().await;
 }
 
-/// BUG (node-proxy/src/proxy/inbound.rs, `mesh_connection`): `--http-idle-timeout` closes
+/// Found by this suite, fixed by `stall::WriteDeadline` (a write blocked for the idle
+/// timeout, at most a minute, ends the connection) (node-proxy/src/proxy/inbound.rs,
+/// `mesh_connection`): `--http-idle-timeout` closed
 /// an idle mesh connection with a graceful shutdown (GOAWAY), then waits for it without a
 /// bound. A peer with a valid identity that floods PINGs and never reads blocks the
 /// server's writes; nothing moves, the idle timeout fires, but the GOAWAY can never be
@@ -1804,10 +1803,8 @@ async fn a_client_that_never_reads_cannot_hold_the_admin_server() {
 /// and a place in the pod's budget are held for good (no HTTP/2 keep-alive PING timeout is
 /// set either). The same holds for a pod leaving (the `stopped` branch). A bound on the
 /// graceful shutdown (drop the connection after a few seconds) or hyper's
-/// `keep_alive_interval`/`keep_alive_timeout` would close it. Run with `--ignored` to
-/// reproduce.
+/// `keep_alive_interval`/`keep_alive_timeout` would close it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "BUG: a mesh peer that stops reading is never closed, whatever --http-idle-timeout says"]
 async fn a_mesh_peer_that_stops_reading_is_closed_after_the_idle_timeout() {
     let idle = Duration::from_secs(2);
     let m = Mesh::start("advmeshread", |c| c.http_idle_timeout = idle).await;

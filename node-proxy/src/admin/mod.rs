@@ -43,13 +43,17 @@ impl std::fmt::Debug for Admin {
 /// connection waits for the next one: scrapers and probes send theirs at once; a slowloris
 /// holds a connection this long, not forever.
 pub const HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
-/// Connections the admin server holds at once, within the node's budget too: its clients
-/// are a Prometheus or two and the kubelet's probes.
+/// Connections the admin server holds at once (its own cap, apart from the node's budget
+/// that pods' traffic may fill): its clients are a Prometheus or two and the kubelet's
+/// probes.
 pub const MAX_CONNECTIONS: usize = 128;
+/// How long an answer may wait for a client that does not read it.
+pub const WRITE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Serves `router` on `listener` (HTTP/1.1) until `shutdown`, with at most
 /// [`MAX_CONNECTIONS`] connections (over it: closed at once, counted in
-/// `tcp_connections_refused_total{listener="admin"}`) and [`HEADER_READ_TIMEOUT`]; then
+/// `tcp_connections_refused_total{listener="admin"}`), [`HEADER_READ_TIMEOUT`] and
+/// [`WRITE_TIMEOUT`]; then
 /// lets the open connections finish their request and returns. The handlers see the
 /// client's address (`ConnectInfo`).
 ///
@@ -80,7 +84,7 @@ pub async fn serve(
                 }
             },
         };
-        let Some(permit) = limits.admit("admin", Some(&own)) else {
+        let Some(permit) = limits.admit_own("admin", &own) else {
             continue;
         };
         let _ = tcp.set_nodelay(true);
@@ -89,7 +93,8 @@ pub async fn serve(
                 .clone()
                 .layer(axum::Extension(axum::extract::ConnectInfo(peer))),
         );
-        let conn = http.serve_connection(TokioIo::new(tcp), service);
+        let io = crate::stall::WriteDeadline::new(tcp, WRITE_TIMEOUT);
+        let conn = http.serve_connection(TokioIo::new(io), service);
         let mut closing = closing.subscribe();
         tokio::spawn(async move {
             tokio::pin!(conn);

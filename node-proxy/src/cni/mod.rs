@@ -566,11 +566,17 @@ async fn read_request(stream: &UnixStream) -> io::Result<(Request, Option<OwnedF
     }
 }
 
-/// `recvmsg` with room for one descriptor; any extra descriptors are closed.
+/// The most descriptors one message can carry (the kernel's `SCM_MAX_FD`).
+const SCM_MAX_FD: usize = 253;
+
+/// `recvmsg` keeping the first descriptor; any extra descriptors are closed. The control
+/// buffer has room for as many as a message can carry: one that did not fit would be
+/// installed in the proxy all the same, behind a truncated (`MSG_CTRUNC`) control message
+/// that cannot be read back — leaked.
 fn recv_with_fd(sock: RawFd, buf: &mut [u8]) -> io::Result<(usize, Option<OwnedFd>)> {
     use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
     let mut iov = [io::IoSliceMut::new(buf)];
-    let mut space = nix::cmsg_space!([RawFd; 4]);
+    let mut space = nix::cmsg_space!([RawFd; SCM_MAX_FD]);
     let msg = recvmsg::<()>(sock, &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC)
         .map_err(io::Error::from)?;
     let mut fd = None;

@@ -88,6 +88,7 @@ pub(super) async fn serve_outbound(
 ) {
     let metrics = shared.metrics.clone();
     let shared_idle = shared.http_idle_timeout;
+    let stall = super::write_stall_limit(&shared);
     let labels = TrafficLabels::outbound(&pod.workload, String::new(), String::new());
     let routes = Arc::new(Routes::new(shared.http.clone(), labels));
     let service = service_fn(move |req: Request<Incoming>| {
@@ -98,6 +99,7 @@ pub(super) async fn serve_outbound(
         }
     });
     let (io, activity) = super::idle::Tracked::new(io);
+    let io = crate::stall::WriteDeadline::new(io, stall);
     let io = TokioIo::new(io);
     let idle = activity.idle_for(shared_idle);
     let result = match proto {

@@ -82,8 +82,10 @@ async fn mesh_connection(
 ) -> Result<(), ProxyError> {
     // Anything but a TLS handshake record is refused at its first byte, instead of letting
     // the TLS parser wait for a "record" of whatever length the garbage spells.
+    // One deadline for the first byte and the handshake together.
+    let deadline = tokio::time::Instant::now() + HANDSHAKE_TIMEOUT;
     let mut first = [0u8; 1];
-    let peeked = tokio::time::timeout(HANDSHAKE_TIMEOUT, tcp.peek(&mut first))
+    let peeked = tokio::time::timeout_at(deadline, tcp.peek(&mut first))
         .await
         .map_err(|_| ProxyError::Client(format!("nothing received from {peer} in time")))?
         .map_err(|e| ProxyError::Client(format!("reading from {peer}: {e}")))?;
@@ -92,7 +94,7 @@ async fn mesh_connection(
             "{peer} did not start a TLS handshake on the mesh port (plaintext to 4143?)"
         )));
     }
-    let tls = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp))
+    let tls = tokio::time::timeout_at(deadline, acceptor.accept(tcp))
         .await
         .map_err(|_| ProxyError::Client(format!("TLS handshake from {peer} timed out")))?
         .map_err(|e| ProxyError::Identity(format!("TLS handshake from {peer}: {e}")))?;
@@ -124,6 +126,7 @@ async fn mesh_connection(
     // Idle: no byte either way for the idle timeout (the peer proxy's pool keeps no PINGs
     // going on an idle connection) — GOAWAY, and the peer opens a new one when it needs it.
     let (tls, activity) = super::idle::Tracked::new(tls);
+    let tls = crate::stall::WriteDeadline::new(tls, super::write_stall_limit(shared));
     let conn = super::h2_server(super::H2_MESH_MAX_STREAMS)
         .initial_stream_window_size(super::H2_STREAM_WINDOW)
         .initial_connection_window_size(super::H2_CONN_WINDOW)

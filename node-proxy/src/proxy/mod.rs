@@ -355,6 +355,15 @@ pub const H2_MAX_ERROR_RESETS: usize = 1024;
 /// refused, so a CONTINUATION flood cannot grow a header block without end.
 pub const H2_MAX_HEADER_LIST: u32 = 64 * 1024;
 
+/// How long a write to an HTTP peer may make no progress before the connection is dropped:
+/// the idle timeout, at most a minute (a peer that stops reading holds nothing longer,
+/// graceful shutdown included).
+pub fn write_stall_limit(shared: &Shared) -> std::time::Duration {
+    shared
+        .http_idle_timeout
+        .min(std::time::Duration::from_secs(60))
+}
+
 /// An HTTP/2 server with every limit set explicitly (hyper's defaults leave the stream
 /// count unlimited).
 pub fn h2_server(
