@@ -30,6 +30,10 @@ pub fn router(registry: Arc<Registry>, ready: Readiness) -> Router {
         .route("/metrics", get(metrics))
         .route("/ready", get(ready_handler))
         .route("/live", get(|| async { "live\n" }))
+        .route(
+            "/version",
+            get(|| async { concat!(env!("CARGO_PKG_VERSION"), "\n") }),
+        )
         .with_state(AdminState { registry, ready })
 }
 

@@ -198,6 +198,18 @@ fn ranges(what: &'static str, list: &[(u16, u16)]) -> Result<PortRanges, Error> 
     Ok(r)
 }
 
+/// Whether the kernel takes the programs: loads them (through the verifier) with their
+/// maps pinned in a fresh directory under `bpffs` — `/sys/fs/bpf` on a node — attaches
+/// nothing, and removes the directory again, so that it leaves nothing behind (`ambit check
+/// --pre`).
+pub fn probe(bpffs: &Path) -> Result<(), Error> {
+    let dir = bpffs.join(format!("ambit-probe-{}", std::process::id()));
+    let loaded = Redirection::load(&dir);
+    let removed = remove_pinned(&dir);
+    loaded?;
+    removed.map_err(io_err(format!("removing {}", dir.display())))
+}
+
 impl Redirection {
     /// Loads the programs, reusing (or creating) the maps pinned in `pin_dir`.
     pub fn load(pin_dir: &Path) -> Result<Self, Error> {

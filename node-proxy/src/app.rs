@@ -323,6 +323,14 @@ fn ready_probe(
     })
 }
 
+/// PEM of a certificate chain.
+fn pem_chain(chain: &[rustls_pki_types::CertificateDer<'_>]) -> String {
+    chain
+        .iter()
+        .map(|c| pem::encode(&pem::Pem::new("CERTIFICATE", c.to_vec())))
+        .collect()
+}
+
 fn unix(t: SystemTime) -> u64 {
     t.duration_since(SystemTime::UNIX_EPOCH)
         .map(|d| d.as_secs())
@@ -365,10 +373,13 @@ fn config_dump(
                     "identity": st.identity.to_string(),
                     "pods": st.pods,
                     "cert_not_after_unix": st.not_after.map(unix),
+                    // Public certificates (leaf first), for `ambit check --proxy`.
+                    "cert_chain_pem": pem_chain(&st.chain),
                 })
             })
             .collect();
         json!({
+            "version": env!("CARGO_PKG_VERSION"),
             "config": config,
             "redirect_mode": redirect_mode,
             "trust_anchors": bundle.anchors().len(),

@@ -57,6 +57,8 @@ pub struct IdentityStatus {
     pub pods: Vec<String>,
     /// notAfter of the usable certificate, if there is one.
     pub not_after: Option<SystemTime>,
+    /// The usable certificate's chain (leaf first; public), if there is one.
+    pub chain: Vec<rustls_pki_types::CertificateDer<'static>>,
 }
 
 type CertSlot = watch::Sender<Option<Arc<WorkloadCertificate>>>;
@@ -225,6 +227,13 @@ impl IdentityManager {
                     .as_ref()
                     .filter(|c| !c.is_expired())
                     .map(|c| c.not_after()),
+                chain: e
+                    .slot
+                    .borrow()
+                    .as_ref()
+                    .filter(|c| !c.is_expired())
+                    .map(|c| c.certified_key().cert.clone())
+                    .unwrap_or_default(),
             })
             .collect()
     }
