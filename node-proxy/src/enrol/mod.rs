@@ -11,8 +11,10 @@
 //!   hand-off does (a bind-mounted netns handle under the run dir, so a restart keeps it).
 //!   The data path then opens the pod's listeners and redirection as for any other pod.
 //!   A pod that discovery lists as present and not meshed has its record dropped (its
-//!   listeners and redirection go as soon as discovery says so), and so has an enrolled
-//!   pod that discovery no longer lists.
+//!   listeners and redirection go as soon as discovery says so); an enrolled pod that
+//!   discovery no longer lists (or lists with another UID) only once no process is left in
+//!   its network namespace — its explicit end, since it has no sandbox for a CNI DEL to
+//!   name: until then it stays redirected, failing closed, as a CNI pod does.
 //!
 //! Connections opened before enrolment are left alone: `sk_lookup` and nftables'
 //! `REDIRECT` act on new connections only, and `connect()` hooks on new `connect()`s.
@@ -212,15 +214,23 @@ impl Enroller {
 
     /// Drops the record of every pod that discovery lists as not meshed, and of every
     /// enrolled pod it no longer lists (or lists with another UID: a new pod of the same
-    /// name). CNI records of unlisted pods wait for `DEL` or `GC`, which enrolled pods,
-    /// having no sandbox id, would never match.
+    /// name) once no process is left in its netns. CNI records of unlisted pods wait for
+    /// `DEL` or `GC`, which enrolled pods, having no sandbox id, would never match.
     fn release(&self, s: &DiscoveryState) {
         for (key, pod) in self.registry.pods().iter() {
             let reason = match s.workload(key) {
                 Some(w) if !w.meshed => "the pod is no longer meshed",
-                None if pod.source == PodSource::Proc => "discovery no longer lists the pod",
+                None if pod.source == PodSource::Proc => {
+                    if self.netns_in_use(&pod.netns) {
+                        continue;
+                    }
+                    "discovery no longer lists the pod and no process is left in its netns"
+                }
                 Some(w) if pod.source == PodSource::Proc && w.uid != pod.uid => {
-                    "the pod was replaced by another of the same name"
+                    if self.netns_in_use(&pod.netns) {
+                        continue;
+                    }
+                    "the pod was replaced by another of the same name and no process is left in its netns"
                 }
                 _ => continue,
             };
@@ -228,6 +238,18 @@ impl Enroller {
                 self.metrics.released.inc();
                 tracing::info!(pod = %key, source = ?pod.source, reason, "record and netns handle dropped");
             }
+        }
+    }
+
+    /// Whether a process still runs in the netns `handle` holds (without a proc root to
+    /// look in, or when it cannot be read: assume so, and keep the pod failing closed).
+    fn netns_in_use(&self, handle: &std::path::Path) -> bool {
+        if self.proc_root.as_os_str().is_empty() {
+            return true;
+        }
+        match procfs::NsId::of(handle) {
+            Ok(id) => procfs::netns_in_use(&self.proc_root, id).unwrap_or(true),
+            Err(_) => false,
         }
     }
 

@@ -113,6 +113,26 @@ fn start_time(proc_root: &Path, pid: u32) -> Option<u64> {
 /// Finds, for each UID in `uids`, the pod's oldest process whose network namespace is not
 /// one of `host`: the sandbox's own process starts before anything the pod runs, so a
 /// container that made a network namespace of its own is not mistaken for the pod.
+/// Whether any process of `proc_root` (up to [`MAX_PROCESSES`]; `true` beyond, as a
+/// scan that could not finish cannot say no) is in the network namespace `netns`.
+pub fn netns_in_use(proc_root: &Path, netns: NsId) -> io::Result<bool> {
+    let mut seen = 0;
+    for entry in std::fs::read_dir(proc_root)? {
+        let Ok(entry) = entry else { continue };
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        seen += 1;
+        if seen > MAX_PROCESSES {
+            return Ok(true);
+        }
+        if NsId::of(&proc_root.join(pid.to_string()).join("ns/net")).is_ok_and(|n| n == netns) {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
 pub fn scan(proc_root: &Path, uids: &HashSet<String>, host: &[NsId]) -> io::Result<Scan> {
     let mut scan = Scan::default();
     for entry in std::fs::read_dir(proc_root)? {

@@ -110,7 +110,17 @@ async fn pods_not_found_or_unusable_are_counted_and_unmeshed_or_vanished_records
     let proc_root = fake_proc();
     let run = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let registry = PodRegistry::open(run.path()).unwrap_or_else(|e| panic!("{e}"));
-    let record = |name: &str, uid: &str, source: PodSource| {
+    // A network namespace no process is in (made by a thread that leaves it at once).
+    let empty_netns = || -> std::fs::File {
+        std::thread::spawn(|| {
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)
+                .unwrap_or_else(|e| panic!("{e}"));
+            std::fs::File::open("/proc/thread-self/ns/net").unwrap_or_else(|e| panic!("{e}"))
+        })
+        .join()
+        .unwrap_or_else(|_| panic!("unshare thread"))
+    };
+    let record_in = |name: &str, uid: &str, source: PodSource, ns: std::fs::File| {
         let pod = CniPod {
             namespace: "shop".into(),
             name: name.into(),
@@ -120,20 +130,26 @@ async fn pods_not_found_or_unusable_are_counted_and_unmeshed_or_vanished_records
             netns: PathBuf::new(),
             source,
         };
-        let ns = std::fs::File::open("/proc/self/ns/net").unwrap_or_else(|e| panic!("{e}"));
         let kept = match source {
             PodSource::Proc => registry.enrol(pod, ns.into()).map(|p| p.is_some()),
             PodSource::Cni => registry.add(pod, ns.into()).map(|_| true),
         };
         assert!(kept.unwrap_or_else(|e| panic!("{e}")));
     };
+    // The "host" netns: the fake /proc's pid 12 is in it.
+    let host = || std::fs::File::open("/proc/self/ns/net").unwrap_or_else(|e| panic!("{e}"));
+    let record = |name: &str, uid: &str, source: PodSource| record_in(name, uid, source, host());
     // Listed as not meshed: released, whatever brought it.
     record("old", C, PodSource::Proc);
     record("cni-old", C, PodSource::Cni);
-    // Enrolled, then deleted while the proxy was away (no DEL seen): released.
-    record("gone", C, PodSource::Proc);
-    // Enrolled, then replaced by a new pod of the same name: released.
-    record("replaced", C, PodSource::Proc);
+    // Enrolled, then deleted while the proxy was away (no DEL seen), no process left in its
+    // netns: released.
+    record_in("gone", C, PodSource::Proc, empty_netns());
+    // Enrolled, then replaced by a new pod of the same name, the old netns empty: released.
+    record_in("replaced", C, PodSource::Proc, empty_netns());
+    // Enrolled and no longer listed, but a process still runs in its netns (a partial
+    // discovery, a force-deleted pod still running): kept, failing closed.
+    record("unlisted-running", C, PodSource::Proc);
     // Handed over by CNI and not listed: kept for DEL or GC.
     record("cni-unlisted", C, PodSource::Cni);
 
@@ -198,8 +214,9 @@ async fn pods_not_found_or_unusable_are_counted_and_unmeshed_or_vanished_records
     }
     assert!(!text.contains("result=\"enrolled\""), "{text}");
     let kept: Vec<String> = registry.pods().keys().cloned().collect();
-    assert_eq!(kept, ["shop/cni-unlisted"]);
+    assert_eq!(kept, ["shop/cni-unlisted", "shop/unlisted-running"]);
     assert!(registry.remove("shop", "cni-unlisted", None));
+    assert!(registry.remove("shop", "unlisted-running", None));
     let _ = stop.send(());
     task.await.unwrap_or_else(|e| panic!("{e}"));
 }
