@@ -28,7 +28,7 @@ use ambit_ebpf_common::{
     maps, programs, ConnKey, InboundPod, ListenerKey, OrigDst, OutboundPod, PodIp, PortRange,
     PortRanges, FAMILY_V4, FAMILY_V6, LISTENER_MESH, LISTENER_PLAIN, MAX_PORT_RANGES,
 };
-use aya::maps::{HashMap, MapData, SockHash};
+use aya::maps::{Array, HashMap, MapData, SockHash};
 use aya::programs::{CgroupSockAddr, SkLookup, SockOps};
 use aya::{Ebpf, EbpfLoader};
 use std::io;
@@ -231,6 +231,13 @@ impl Redirection {
             name: programs::SK_LOOKUP,
             source,
         })?;
+        // Only the proxy's own sockets skip redirection by its mark: tell the programs
+        // which cgroup it runs in.
+        let own = sys::own_cgroup_id().map_err(io_err("finding the proxy's cgroup v2 id"))?;
+        let mut proxy_cgroup: Array<MapData, u64> = take(&mut ebpf, maps::PROXY_CGROUP)?;
+        proxy_cgroup
+            .set(0, own, 0)
+            .map_err(map_err(maps::PROXY_CGROUP))?;
         let r = Self {
             meshed: take(&mut ebpf, maps::MESHED_NETNS)?,
             pod_ips: take(&mut ebpf, maps::POD_IPS)?,

@@ -175,3 +175,43 @@ pub fn cgroup2_mount() -> std::path::PathBuf {
         .and_then(|f| f.get(1).map(std::path::PathBuf::from))
         .unwrap_or_else(|| std::path::PathBuf::from("/sys/fs/cgroup"))
 }
+
+/// This process's cgroup v2 id: the inode of its cgroup's directory in the cgroup2 mount
+/// (what `bpf_get_current_cgroup_id` returns for its tasks).
+pub fn own_cgroup_id() -> io::Result<u64> {
+    use std::os::unix::fs::MetadataExt;
+    let cgroups = std::fs::read_to_string("/proc/self/cgroup")?;
+    let path = cgroups
+        .lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::NotFound,
+                "no cgroup v2 line in /proc/self/cgroup",
+            )
+        })?;
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo")?;
+    // `<id> <parent> <dev> <root> <mount point> … - cgroup2 …`
+    let (root, mount) = mounts
+        .lines()
+        .filter_map(|l| l.split_once(" - "))
+        .filter(|(_, fs)| fs.starts_with("cgroup2 "))
+        .find_map(|(fields, _)| {
+            let mut f = fields.split(' ');
+            Some((f.nth(3)?.to_string(), f.next()?.to_string()))
+        })
+        .ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::NotFound,
+                "no cgroup2 mount in /proc/self/mountinfo",
+            )
+        })?;
+    let relative = path
+        .strip_prefix(root.as_str())
+        .unwrap_or(path)
+        .trim_start_matches('/');
+    let dir = std::path::Path::new(&mount).join(relative);
+    std::fs::metadata(&dir)
+        .map(|m| m.ino())
+        .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", dir.display())))
+}

@@ -42,6 +42,9 @@ pub mod maps {
     pub const POD_IPS: &str = "AMBIT_POD_IPS";
     /// [`super::ListenerKey`] → the proxy's in-pod listening socket (a SOCKHASH).
     pub const LISTENERS: &str = "AMBIT_LISTENERS";
+    /// Index 0 → the node proxy's cgroup v2 id: only its sockets may skip redirection by
+    /// the proxy's mark (any process with `CAP_NET_RAW` can set a mark).
+    pub const PROXY_CGROUP: &str = "AMBIT_PROXY_CGROUP";
 }
 
 /// Program names, as the programs' functions are called.

@@ -3,7 +3,7 @@
 //! - `ambit_connect4` / `ambit_connect6` (`cgroup/connect4`, `cgroup/connect6`): a TCP
 //!   `connect()` from a meshed pod's netns goes to the pod's in-pod outbound listener
 //!   (loopback:4140) instead; the original destination is remembered by socket cookie.
-//!   The proxy's own sockets (its mark), loopback destinations and skip-outbound ports are
+//!   The proxy's own sockets (its mark, from the proxy's cgroup), loopback destinations and skip-outbound ports are
 //!   left alone.
 //! - `ambit_sockops` (`sockops`, at `TCP_CONNECT_CB`, once the client port is chosen):
 //!   re-keys that destination by (netns cookie, client port), which is what the proxy can
@@ -25,9 +25,9 @@ use ambit_ebpf_common::{
 };
 use aya_ebpf::{
     bindings::{bpf_sock_addr, sk_action, BPF_SOCK_OPS_TCP_CONNECT_CB},
-    helpers::{bpf_get_netns_cookie, bpf_get_socket_cookie},
+    helpers::{bpf_get_current_cgroup_id, bpf_get_netns_cookie, bpf_get_socket_cookie},
     macros::{cgroup_sock_addr, map, sk_lookup, sock_ops},
-    maps::{HashMap, LruHashMap, SockHash},
+    maps::{Array, HashMap, LruHashMap, SockHash},
     programs::{SkLookupContext, SockAddrContext, SockOpsContext},
     EbpfContext,
 };
@@ -46,6 +46,10 @@ static SOCKET_DST: LruHashMap<u64, OrigDst> = LruHashMap::pinned(65536, 0);
 
 #[map(name = "AMBIT_ORIG_DST")]
 static ORIG_DST: LruHashMap<ConnKey, OrigDst> = LruHashMap::pinned(65536, 0);
+
+/// The node proxy's cgroup v2 id (index 0), written by the loader.
+#[map(name = "AMBIT_PROXY_CGROUP")]
+static PROXY_CGROUP: Array<u64> = Array::pinned(1, 0);
 
 #[map(name = "AMBIT_POD_IPS")]
 static POD_IPS: HashMap<PodIp, InboundPod> = HashMap::pinned(8192, 0);
@@ -82,11 +86,26 @@ fn meshed_pod(ctx: &SockAddrContext, sa: &bpf_sock_addr) -> Option<OutboundPod> 
     let pod = unsafe { MESHED_NETNS.get(&netns) }.copied()?;
     // SAFETY: `sk` of a sock_addr context is the socket doing the connect.
     let sk = unsafe { sa.__bindgen_anon_1.sk };
+    if sk.is_null() {
+        return None;
+    }
     // SAFETY: checked for null; `mark` is a readable field of `bpf_sock`.
-    if sk.is_null() || unsafe { (*sk).mark } == PROXY_MARK {
+    if unsafe { (*sk).mark } == PROXY_MARK && in_proxy_cgroup() {
         return None;
     }
     Some(pod)
+}
+
+/// Whether the task connecting is the node proxy (its cgroup): a pod's process that sets
+/// the proxy's mark on its socket (`SO_MARK` takes only `CAP_NET_RAW`) is redirected all
+/// the same.
+#[inline(always)]
+fn in_proxy_cgroup() -> bool {
+    // SAFETY: the helper reads the current task's cgroup; no arguments.
+    let current = unsafe { bpf_get_current_cgroup_id() };
+    PROXY_CGROUP
+        .get(0)
+        .is_some_and(|proxy| *proxy != 0 && *proxy == current)
 }
 
 /// Remembers `dst` for this socket; the connect is redirected even if that fails (the
