@@ -119,7 +119,11 @@ pub fn netns_in_use(proc_root: &Path, netns: NsId) -> io::Result<bool> {
     let mut seen = 0;
     for entry in std::fs::read_dir(proc_root)? {
         let Ok(entry) = entry else { continue };
-        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
             continue;
         };
         seen += 1;
