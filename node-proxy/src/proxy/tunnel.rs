@@ -281,3 +281,114 @@ async fn handshake(
     });
     Ok(sender)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::TestCa;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// A network namespace of the test's own (`ip netns`), deleted on drop.
+    struct TestNetns(String);
+
+    impl TestNetns {
+        fn new(tag: &str) -> Self {
+            let name = format!("ambit-unit-{tag}-{}", std::process::id());
+            let run = |args: &[&str]| {
+                let out = std::process::Command::new("ip")
+                    .args(args)
+                    .output()
+                    .unwrap_or_else(|e| panic!("ip: {e}"));
+                assert!(out.status.success(), "ip {args:?}: {out:?}");
+            };
+            run(&["netns", "add", &name]);
+            run(&["-n", &name, "link", "set", "lo", "up"]);
+            Self(name)
+        }
+
+        fn path(&self) -> std::path::PathBuf {
+            std::path::PathBuf::from(format!("/run/netns/{}", self.0))
+        }
+    }
+
+    impl Drop for TestNetns {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("ip")
+                .args(["netns", "delete", &self.0])
+                .output();
+        }
+    }
+
+    /// A peer proxy's mesh port inside `netns`: mTLS as `id`, HTTP/2 answering 200;
+    /// counts the TCP connections it accepts.
+    async fn peer(netns: &Netns, ca: &TestCa, id: &WorkloadIdentity) -> Arc<AtomicUsize> {
+        let listener = netns
+            .bind(SocketAddr::from(([127, 0, 0, 1], MESH_PORT)))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let config = tls::server_config(&ca.bundle(), ca.certified_key(id))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let count = accepted.clone();
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                count.fetch_add(1, Ordering::SeqCst);
+                let acceptor = acceptor.clone();
+                tokio::spawn(async move {
+                    let Ok(tls) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    let service = hyper::service::service_fn(|_req| async {
+                        Ok::<_, std::convert::Infallible>(http::Response::new(body::empty()))
+                    });
+                    let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(tls), service)
+                        .await;
+                });
+            }
+        });
+        accepted
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_set_ups_share_one_connection_keyed_by_the_identity_it_proved() {
+        let ns = TestNetns::new("tunnel");
+        let netns = Netns::open(&ns.path()).unwrap_or_else(|e| panic!("{e}"));
+        let ca = TestCa::new("cluster.local");
+        let (cli, web, other) = (
+            ca.identity("shop", "cli"),
+            ca.identity("shop", "web"),
+            ca.identity("shop", "other"),
+        );
+        let accepted = peer(&netns, &ca, &web).await;
+        let bundle = ca.bundle();
+        let tunnel = |expected: &WorkloadIdentity| Tunnel {
+            netns: &netns,
+            source: (&cli, ca.certified_key(&cli)),
+            expected: expected.clone(),
+            peer: IpAddr::from([127, 0, 0, 1]),
+            bundle: &bundle,
+        };
+        let pool = TunnelPool::default();
+        // A burst of first requests to one peer: one set-up, one connection.
+        let to_web = tunnel(&web);
+        let burst = (0..20).map(|_| pool.sender_pooled(&to_web));
+        for got in futures::future::join_all(burst).await {
+            got.unwrap_or_else(|e| panic!("{e}"));
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 1);
+        assert!(pool
+            .sender_pooled(&to_web)
+            .await
+            .is_ok_and(|(_, pooled)| pooled));
+        // The same address, now expected to be another identity: the connection verified
+        // for web is not reused; a new handshake fails, as the peer cannot prove it.
+        let to_other = tunnel(&other);
+        let err = pool.sender_pooled(&to_other).await.map(|_| ()).unwrap_err();
+        assert!(matches!(err, ProxyError::Identity(_)), "{err}");
+        assert_eq!(accepted.load(Ordering::SeqCst), 2);
+        // Pruned when the peer leaves discovery.
+        assert_eq!(pool.prune(|_| false), 0);
+    }
+}
