@@ -16,6 +16,7 @@ RUN apt-get update \
 WORKDIR /src
 COPY Cargo.toml Cargo.lock clippy.toml ./
 COPY api api
+COPY serving serving
 COPY control control
 COPY node-proxy node-proxy
 COPY ebpf ebpf

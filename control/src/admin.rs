@@ -3,7 +3,7 @@
 //! [`ADMIN_HEADER_READ_TIMEOUT`] to send a request's head (a slowloris is closed, not
 //! served forever).
 
-use crate::limits::{ConnectionLimit, ADMIN_HEADER_READ_TIMEOUT};
+use crate::limits::{ConnectionLimit, ADMIN_HEADER_READ_TIMEOUT, ADMIN_WRITE_TIMEOUT};
 use crate::ready::Readiness;
 use axum::extract::State;
 use axum::http::{header, StatusCode};
@@ -70,8 +70,10 @@ pub async fn serve(
             continue;
         };
         let _ = tcp.set_nodelay(true);
-        let conn =
-            http.serve_connection(TokioIo::new(tcp), TowerToHyperService::new(router.clone()));
+        let conn = http.serve_connection(
+            TokioIo::new(ambit_serving::WriteDeadline::new(tcp, ADMIN_WRITE_TIMEOUT)),
+            TowerToHyperService::new(router.clone()),
+        );
         let mut closing = closing_rx.clone();
         tokio::spawn(async move {
             tokio::pin!(conn);

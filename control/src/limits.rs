@@ -40,6 +40,11 @@ pub const ADMIN_MAX_CONNECTIONS: usize = 256;
 /// (or sends none) is closed after this, so it holds a connection for 5 s, not forever.
 pub const ADMIN_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// How long an admin answer may wait for a client that does not read it: a scraper reads
+/// at once; a client that pipelines requests and never reads would otherwise hold its
+/// connection (and, 256 of them, the admin server) for good.
+pub const ADMIN_WRITE_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// `SETTINGS_MAX_CONCURRENT_STREAMS` on the gRPC servers (tonic's default is unlimited).
 /// A discovery connection carries one stream; an identity connection carries one request
 /// per identity the proxy renews, all at once when it starts (up to a node's pods, 110 by

@@ -23,7 +23,6 @@
 //!   (redirection removed, or kept and failing closed).
 //! - [`proxy`]: the data path — the in-pod listeners, the mesh tunnel, L7.
 //! - [`netns`]: sockets inside a pod's network namespace.
-//! - [`stall`]: writes to a peer that stopped reading fail after a while.
 
 pub mod admin;
 pub mod app;
@@ -38,7 +37,6 @@ pub mod logging;
 pub mod netns;
 pub mod pods;
 pub mod proxy;
-pub mod stall;
 pub mod tls;
 pub mod token;
 

@@ -93,7 +93,7 @@ pub async fn serve(
                 .clone()
                 .layer(axum::Extension(axum::extract::ConnectInfo(peer))),
         );
-        let io = crate::stall::WriteDeadline::new(tcp, WRITE_TIMEOUT);
+        let io = ambit_serving::WriteDeadline::new(tcp, WRITE_TIMEOUT);
         let conn = http.serve_connection(TokioIo::new(io), service);
         let mut closing = closing.subscribe();
         tokio::spawn(async move {

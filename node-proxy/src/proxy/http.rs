@@ -99,7 +99,7 @@ pub(super) async fn serve_outbound(
         }
     });
     let (io, activity) = super::idle::Tracked::new(io);
-    let io = crate::stall::WriteDeadline::new(io, stall);
+    let io = ambit_serving::WriteDeadline::new(io, stall);
     let io = TokioIo::new(io);
     let idle = activity.idle_for(shared_idle);
     let result = match proto {

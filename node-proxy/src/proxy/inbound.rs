@@ -126,7 +126,7 @@ async fn mesh_connection(
     // Idle: no byte either way for the idle timeout (the peer proxy's pool keeps no PINGs
     // going on an idle connection) — GOAWAY, and the peer opens a new one when it needs it.
     let (tls, activity) = super::idle::Tracked::new(tls);
-    let tls = crate::stall::WriteDeadline::new(tls, super::write_stall_limit(shared));
+    let tls = ambit_serving::WriteDeadline::new(tls, super::write_stall_limit(shared));
     let conn = super::h2_server(super::H2_MESH_MAX_STREAMS)
         .initial_stream_window_size(super::H2_STREAM_WINDOW)
         .initial_connection_window_size(super::H2_CONN_WINDOW)
