@@ -25,6 +25,12 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 /// exhaust the control plane's memory or descriptors from anywhere that can reach it.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
 
+/// Connections one source address may hold on one listener: a node proxy holds one on
+/// each (a second while it reconnects), so 16 is ample; without it, anyone on the pod
+/// network could fill a listener's 10,000 places before presenting any token, and lock the
+/// node proxies out of renewals. Loopback sources (the control plane's own pod) are exempt.
+pub const MAX_CONNECTIONS_PER_SOURCE: usize = 16;
+
 /// Largest `--max-connections` accepted: beyond it the limit would be the process's
 /// descriptor limit anyway.
 pub const MAX_MAX_CONNECTIONS: usize = 1_000_000;
@@ -164,6 +170,9 @@ pub struct ConnectionLimit {
     permits: Arc<Semaphore>,
     refused: Counter,
     open: Gauge,
+    /// Connections open by source address (loopback not counted).
+    by_source: BySource,
+    per_source: usize,
     /// When a refusal was last logged, and how many were not logged since.
     last_logged: Option<Instant>,
     unlogged: u64,
@@ -180,6 +189,8 @@ impl ConnectionLimit {
             permits: Arc::new(Semaphore::new(max)),
             refused: metrics.refused.get_or_create(&labels).clone(),
             open: metrics.open.get_or_create(&labels).clone(),
+            by_source: Arc::default(),
+            per_source: MAX_CONNECTIONS_PER_SOURCE,
             last_logged: None,
             unlogged: 0,
         }
@@ -189,10 +200,12 @@ impl ConnectionLimit {
     /// its limit open: the caller then drops the connection at once. A refused connection
     /// is reset (`SO_LINGER` 0), so that a flood of them leaves no `TIME_WAIT` behind.
     pub fn admit(&mut self, tcp: &TcpStream, peer: SocketAddr) -> Option<ConnectionPermit> {
-        if let Ok(permit) = self.permits.clone().try_acquire_owned() {
+        let source = self.take_source(peer.ip());
+        if let (Some(source), Ok(permit)) = (source, self.permits.clone().try_acquire_owned()) {
             self.open.inc();
             return Some(ConnectionPermit {
                 _permit: permit,
+                _source: source,
                 open: self.open.clone(),
             });
         }
@@ -218,10 +231,55 @@ impl ConnectionLimit {
     }
 }
 
+impl ConnectionLimit {
+    /// A place for one more connection from `ip`, unless it holds [`MAX_CONNECTIONS_PER_SOURCE`].
+    fn take_source(&self, ip: std::net::IpAddr) -> Option<SourcePlace> {
+        let ip = match ip {
+            std::net::IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, std::net::IpAddr::V4),
+            v4 => v4,
+        };
+        if ip.is_loopback() {
+            return Some(SourcePlace(None));
+        }
+        let mut by = self
+            .by_source
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let n = by.entry(ip).or_default();
+        if *n >= self.per_source {
+            return None;
+        }
+        *n += 1;
+        Some(SourcePlace(Some((ip, self.by_source.clone()))))
+    }
+}
+
+/// Connections open by source address.
+type BySource = Arc<std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>>;
+
+/// One connection's place in its source's count (none for loopback).
+#[derive(Debug)]
+struct SourcePlace(Option<(std::net::IpAddr, BySource)>);
+
+impl Drop for SourcePlace {
+    fn drop(&mut self) {
+        if let Some((ip, by)) = self.0.take() {
+            let mut by = by.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if let Some(n) = by.get_mut(&ip) {
+                *n -= 1;
+                if *n == 0 {
+                    by.remove(&ip);
+                }
+            }
+        }
+    }
+}
+
 /// Held by an open connection; frees its place when dropped.
 #[derive(Debug)]
 pub struct ConnectionPermit {
     _permit: OwnedSemaphorePermit,
+    _source: SourcePlace,
     open: Gauge,
 }
 
@@ -266,6 +324,45 @@ mod tests {
         );
         drop(first);
         assert!(limit.admit(&accepted[2].0, accepted[2].1).is_some());
+    }
+
+    #[tokio::test]
+    async fn one_source_holds_at_most_its_share_loopback_aside() {
+        let mut registry = Registry::default();
+        let metrics = ConnectionMetrics::register(&mut registry);
+        let mut limit = ConnectionLimit::new("discovery", 100, &metrics);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let _client = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (tcp, _) = listener.accept().await.unwrap();
+        // The peer address is what counts (the socket is only reset when refused).
+        let from = |ip: [u8; 4]| SocketAddr::from((ip, 40000));
+        let mut held = Vec::new();
+        for _ in 0..MAX_CONNECTIONS_PER_SOURCE {
+            held.push(
+                limit
+                    .admit(&tcp, from([10, 0, 0, 9]))
+                    .expect("within its share"),
+            );
+        }
+        assert!(
+            limit.admit(&tcp, from([10, 0, 0, 9])).is_none(),
+            "one pod fills no more"
+        );
+        let mapped: SocketAddr = "[::ffff:10.0.0.9]:1".parse().unwrap();
+        assert!(
+            limit.admit(&tcp, mapped).is_none(),
+            "nor through a v4-mapped address"
+        );
+        // Others and loopback are served; a freed place is its source's again.
+        assert!(limit.admit(&tcp, from([10, 0, 0, 10])).is_some());
+        let local: Vec<_> = (0..MAX_CONNECTIONS_PER_SOURCE + 4)
+            .map(|_| limit.admit(&tcp, from([127, 0, 0, 1])))
+            .collect();
+        assert!(local.iter().all(Option::is_some));
+        held.pop();
+        assert!(limit.admit(&tcp, from([10, 0, 0, 9])).is_some());
     }
 
     #[tokio::test]
