@@ -1862,3 +1862,51 @@ async fn a_mesh_peer_that_stops_reading_is_closed_after_the_idle_timeout() {
     );
     m.stop().await;
 }
+
+/// A meshed peer (a stolen identity) may open CONNECT streams only to the destination
+/// pod's own addresses, and never to the proxy's own ports: "to 4140" would reach the
+/// outbound listener from outside the pod, "to 4143/4144" would loop. Each is refused with
+/// 403 and a reason; a stream to the application's port is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_streams_reach_only_the_pods_own_application_ports() {
+    let m = Mesh::start("advconnect", |_| {}).await;
+    let stolen = stolen_identity(&m.cp, "cli").await;
+    let tls = m.mesh_tls(stolen).await.unwrap();
+    let (send, conn) = tokio::time::timeout(PROMPTLY, h2::client::handshake(tls))
+        .await
+        .unwrap()
+        .unwrap();
+    let conn = tokio::spawn(conn);
+    let mut send = send.ready().await.unwrap();
+    let mut connect = |target: &str| {
+        let req = http::Request::builder()
+            .method(http::Method::CONNECT)
+            .uri(target)
+            .body(())
+            .unwrap();
+        send.send_request(req, false).unwrap().0
+    };
+    for (target, status, reason) in [
+        ("10.78.2.10:4140", 403, "proxy's own ports"),
+        ("10.78.2.10:4143", 403, "proxy's own ports"),
+        ("10.78.2.10:4144", 403, "proxy's own ports"),
+        ("10.78.2.11:8080", 403, "not an address of this pod"),
+        ("10.78.2.10:8080", 200, ""),
+    ] {
+        let resp = tokio::time::timeout(PROMPTLY, connect(target))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(resp.status().as_u16(), status, "{target}");
+        let why = resp
+            .headers()
+            .get("ambit-proxy-error")
+            .map(|v| v.to_str().unwrap_or_default().to_string())
+            .unwrap_or_default();
+        assert!(why.contains(reason), "{target}: {why:?}");
+    }
+    drop(send);
+    conn.abort();
+    m.served("after CONNECT probes").await;
+    m.stop().await;
+}
