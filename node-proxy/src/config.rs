@@ -23,6 +23,8 @@ pub mod env {
     pub const ADMIN_ADDR: &str = "AMBIT_ADMIN_ADDR";
     /// Log filter.
     pub const LOG: &str = "AMBIT_LOG";
+    /// Log line format.
+    pub const LOG_FORMAT: &str = "AMBIT_LOG_FORMAT";
     /// How long protocol detection waits for a client's first bytes.
     pub const DETECT_TIMEOUT: &str = "AMBIT_DETECT_TIMEOUT";
     /// Runtime worker threads.
@@ -176,6 +178,10 @@ pub struct Config {
     /// `PUT /log-level`.
     #[arg(long, env = env::LOG, default_value = "info")]
     pub log: String,
+    /// Log line format: `plain`, or `json` (one object per line, with the connection's
+    /// span: pod, direction, peer, destination).
+    #[arg(long, env = env::LOG_FORMAT, value_enum, default_value = "plain")]
+    pub log_format: crate::logging::LogFormat,
 }
 
 impl Config {

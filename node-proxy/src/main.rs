@@ -23,8 +23,8 @@ fn main() -> anyhow::Result<()> {
 }
 
 async fn run(config: Config) -> anyhow::Result<()> {
-    let (subscriber, log_level) =
-        ambit_proxy::logging::subscriber(&config.log).map_err(anyhow::Error::msg)?;
+    let (subscriber, log_level) = ambit_proxy::logging::subscriber(&config.log, config.log_format)
+        .map_err(anyhow::Error::msg)?;
     tracing::subscriber::set_global_default(subscriber).context("installing the logger")?;
     tokio::spawn(return_free_heap());
     let admin = tokio::net::TcpListener::bind(config.admin_addr)

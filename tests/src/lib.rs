@@ -440,7 +440,11 @@ impl NodeProxy {
                         .unwrap();
                     let outcome = rt.block_on(async move {
                         let admin = tokio::net::TcpListener::from_std(admin).unwrap();
-                        let (_, log_level) = ambit_proxy::logging::subscriber("info").unwrap();
+                        let (_, log_level) = ambit_proxy::logging::subscriber(
+                            "info",
+                            ambit_proxy::logging::LogFormat::Plain,
+                        )
+                        .unwrap();
                         ambit_proxy::app::run(config, admin, log_level, async move {
                             let _ = stopped.await;
                         })

@@ -59,7 +59,8 @@ async fn the_proxy_gets_its_pods_identities_and_reports_ready() {
     let config = NodeProxy::config(&cp, "node-a");
     let admin = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = admin.local_addr().unwrap();
-    let (subscriber, log_level) = ambit_proxy::logging::subscriber("info").unwrap();
+    let (subscriber, log_level) =
+        ambit_proxy::logging::subscriber("info", ambit_proxy::logging::LogFormat::Plain).unwrap();
     let _guard = tracing::subscriber::set_default(subscriber);
     let proxy = tokio::spawn(ambit_proxy::app::run(
         config,
@@ -152,7 +153,8 @@ async fn the_proxy_is_not_ready_while_the_control_plane_is_unreachable() {
     );
     let admin = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = admin.local_addr().unwrap();
-    let (_, log_level) = ambit_proxy::logging::subscriber("info").unwrap();
+    let (_, log_level) =
+        ambit_proxy::logging::subscriber("info", ambit_proxy::logging::LogFormat::Plain).unwrap();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let proxy = tokio::spawn(ambit_proxy::app::run(
         config,
@@ -190,7 +192,8 @@ async fn bad_configuration_is_reported_all_at_once() {
         )
     };
     let admin = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let (_, log_level) = ambit_proxy::logging::subscriber("info").unwrap();
+    let (_, log_level) =
+        ambit_proxy::logging::subscriber("info", ambit_proxy::logging::LogFormat::Plain).unwrap();
     let err = ambit_proxy::app::run(config, admin, log_level, std::future::pending())
         .await
         .unwrap_err()

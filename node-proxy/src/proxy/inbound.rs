@@ -250,6 +250,7 @@ async fn plain_connection(
             "no original destination (was the connection redirected?): {e}"
         ))
     })?;
+    super::record_dst(target);
     if !pod.workload.ips.contains(&target.ip()) || super::is_proxy_port(target.port()) {
         return Err(ProxyError::Client(format!(
             "{target} is not a destination in this pod"

@@ -413,18 +413,34 @@ pub(crate) async fn serve_each<F, Fut>(
     let (limits, budget) = (shared.limits.clone(), pod.budget.clone());
     let admit = move || limits.admit(name, Some(&budget));
     accept_loop(listener, stop, admit, move |stream, peer| {
+        use tracing::Instrument;
+        // Every log line of the connection says whose it was; the destination is
+        // recorded once known (`record_dst`).
+        let span = tracing::info_span!(
+            "conn",
+            pod = %pod.workload.key(),
+            listener = name,
+            %peer,
+            dst = tracing::field::Empty,
+        );
         let failed = handle(stream, peer, pod.clone(), shared.clone());
-        let (pod, shared) = (pod.clone(), shared.clone());
+        let shared = shared.clone();
         async move {
             if let Err(error) = failed.await {
                 shared.metrics.error(direction, error.kind());
                 if let Some(suppressed) = FAILURE_LOGS.take() {
-                    tracing::info!(pod = %pod.workload.key(), %peer, direction, %error, suppressed, "connection failed");
+                    tracing::info!(direction, %error, suppressed, "connection failed");
                 }
             }
         }
+        .instrument(span)
     })
     .await;
+}
+
+/// Records a connection's destination in its span (see [`serve_each`]).
+pub(crate) fn record_dst(dst: SocketAddr) {
+    tracing::Span::current().record("dst", tracing::field::display(dst));
 }
 
 /// Accepts until `stop` turns true, spawning `handle` per connection that `admit` lets in

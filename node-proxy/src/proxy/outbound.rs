@@ -120,6 +120,7 @@ async fn proxy(
                 "no original destination (was the connection redirected?): {e}"
             ))
         })?;
+    super::record_dst(dst);
     let local = client
         .local_addr()
         .map_err(|e| ProxyError::Internal(e.to_string()))?;
