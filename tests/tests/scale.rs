@@ -299,7 +299,11 @@ async fn wait(what: &str, mut done: impl AsyncFnMut() -> Result<(), String>) {
 async fn a_proxy_becomes_ready_with_100000_pods_in_the_cluster() {
     let started = Instant::now();
     let proxy_node = node(0);
-    let cp = ControlPlane::start(NAMESPACES, &[&proxy_node]).await;
+    let early_node = node(1);
+    let cp = ControlPlane::start(NAMESPACES, &[&proxy_node, &early_node]).await;
+    // A proxy connected before the cluster loads: the load reaches it as one delta of the
+    // whole cluster, which must come in chunks it can decode (30 MB in one message before).
+    let early = NodeProxy::start(&cp, &early_node).await;
 
     let t = Instant::now();
     let bytes = write_cluster(&cp);
@@ -392,7 +396,25 @@ async fn a_proxy_becomes_ready_with_100000_pods_in_the_cluster() {
         0,
         "{c}"
     );
+    // The early proxy got the whole cluster as a (chunked) delta, without reconnecting.
+    wait("the early proxy holds the whole cluster", async || {
+        let dump: serde_json::Value =
+            serde_json::from_str(&http_get(early.admin_addr, "/config_dump").await.1)
+                .map_err(|e| e.to_string())?;
+        (dump["discovery"]["workloads"] == PODS)
+            .then_some(())
+            .ok_or(format!("{}", dump["discovery"]))
+    })
+    .await;
+    let m = early.metrics().await;
+    assert_eq!(metric_sum(&m, "discovery_reconnects_total", &[]), 0, "{m}");
+    assert_eq!(
+        metric_sum(&m, "discovery_invalid_resources_total", &[]),
+        0,
+        "{m}"
+    );
     eprintln!("total {:.1?}", started.elapsed());
+    early.stop().await;
     proxy.stop().await;
     cp.stop().await;
 }

@@ -10,7 +10,7 @@
 //! snapshot) and then applies deltas with later versions; a stream too slow to keep up
 //! with the broadcast buffer gets a fresh snapshot instead of the deltas it missed.
 
-use super::state::{diff, snapshot, NodeView};
+use super::state::{delta_chunks, diff, snapshot, NodeView};
 use crate::index::SharedIndex;
 use crate::ready::Readiness;
 use ambit_api::proto::discovery as pb;
@@ -30,8 +30,8 @@ pub struct Rendering {
     pub view: NodeView,
 }
 
-/// A delta and the version it leads to.
-pub type Delta = (u64, Arc<pb::Update>);
+/// A delta, in the chunks it is sent as (`delta_chunks`), and the version it leads to.
+pub type Delta = (u64, Arc<Vec<pb::Update>>);
 
 /// The latest rendering and the stream of deltas, shared by every discovery stream.
 #[derive(Clone, Debug)]
@@ -123,6 +123,7 @@ impl Publisher {
         // rendering either has this version already (and skips the delta) or receives it.
         *self.latest.write().unwrap_or_else(PoisonError::into_inner) =
             Arc::new(Rendering { version, view });
-        let _ = self.deltas.send((version, Arc::new(delta)));
+        let chunks = delta_chunks(delta, super::SNAPSHOT_CHUNK, super::CHUNK_BYTES);
+        let _ = self.deltas.send((version, Arc::new(chunks)));
     }
 }

@@ -26,10 +26,16 @@ impl NodeView {
         }
     }
 
-    /// All of it as a snapshot in chunks of at most `per_chunk` resources, made as they
-    /// are taken (a stream holds one chunk at a time, not a copy of the cluster). The
-    /// first has `snapshot`, all but the last `more`; an empty view is one empty chunk.
-    pub fn snapshot_chunks(&self, per_chunk: usize) -> impl Iterator<Item = pb::Update> + '_ {
+    /// All of it as a snapshot in chunks of at most `per_chunk` resources and, past a
+    /// chunk's first resource, `max_bytes` encoded, made as they are taken (a stream holds
+    /// one chunk at a time, not a copy of the cluster). The first has `snapshot`, all but
+    /// the last `more`; an empty view is one empty chunk.
+    pub fn snapshot_chunks(
+        &self,
+        per_chunk: usize,
+        max_bytes: usize,
+    ) -> impl Iterator<Item = pb::Update> + '_ {
+        use prost::Message;
         let per_chunk = per_chunk.max(1);
         let mut workloads = self.workloads.values().peekable();
         let mut services = self.services.values().peekable();
@@ -43,10 +49,23 @@ impl NodeView {
                 ..pb::Update::default()
             };
             first = false;
-            u.workloads
-                .extend(workloads.by_ref().take(per_chunk).cloned());
-            let room = per_chunk - u.workloads.len();
-            u.services.extend(services.by_ref().take(room).cloned());
+            let (mut count, mut bytes) = (0usize, 0usize);
+            let mut fits = |len: usize| {
+                let ok = count == 0 || (count < per_chunk && bytes + len <= max_bytes);
+                if ok {
+                    count += 1;
+                    bytes += len;
+                }
+                ok
+            };
+            while let Some(w) = workloads.next_if(|w| fits(w.encoded_len())) {
+                u.workloads.push(w.clone());
+            }
+            if workloads.peek().is_none() {
+                while let Some(s) = services.next_if(|s| fits(s.encoded_len())) {
+                    u.services.push(s.clone());
+                }
+            }
             u.more = workloads.peek().is_some() || services.peek().is_some();
             Some(u)
         })
@@ -159,6 +178,56 @@ pub fn snapshot(index: &ClusterIndex) -> NodeView {
 }
 
 /// The delta that turns `old` into `new`, or `None` when nothing changed.
+/// `delta` in chunks of at most `per_chunk` resources (workloads, services and removals
+/// together) and, past the first resource of a chunk, `max_bytes` encoded: all but the last
+/// have `more`, so a proxy applies the delta whole. A delta of the whole cluster (the first
+/// load of a big one, a re-list) would otherwise be one message over every proxy's decode
+/// limit (30 MB at 100,000 pods, BENCHMARKS.md). A small delta is one chunk.
+pub fn delta_chunks(delta: pb::Update, per_chunk: usize, max_bytes: usize) -> Vec<pb::Update> {
+    use prost::Message;
+    let per_chunk = per_chunk.max(1);
+    let mut out = vec![pb::Update::default()];
+    let (mut count, mut bytes) = (0usize, 0usize);
+    let mut room = |len: usize, out: &mut Vec<pb::Update>| {
+        if count > 0 && (count >= per_chunk || bytes + len > max_bytes) {
+            out.push(pb::Update::default());
+            count = 0;
+            bytes = 0;
+        }
+        count += 1;
+        bytes += len;
+    };
+    for w in delta.workloads {
+        room(w.encoded_len(), &mut out);
+        if let Some(u) = out.last_mut() {
+            u.workloads.push(w);
+        }
+    }
+    for s in delta.services {
+        room(s.encoded_len(), &mut out);
+        if let Some(u) = out.last_mut() {
+            u.services.push(s);
+        }
+    }
+    for k in delta.removed_workloads {
+        room(k.len() + 4, &mut out);
+        if let Some(u) = out.last_mut() {
+            u.removed_workloads.push(k);
+        }
+    }
+    for k in delta.removed_services {
+        room(k.len() + 4, &mut out);
+        if let Some(u) = out.last_mut() {
+            u.removed_services.push(k);
+        }
+    }
+    let last = out.len() - 1;
+    for (i, u) in out.iter_mut().enumerate() {
+        u.more = i < last;
+    }
+    out
+}
+
 pub fn diff(old: &NodeView, new: &NodeView) -> Option<pb::Update> {
     fn changes<T: Clone + PartialEq>(
         old: &BTreeMap<String, T>,

@@ -28,7 +28,8 @@ async fn one_change_is_rendered_once_and_shared_by_every_stream() {
     publisher.publish(&index);
     let (version, first) = streams[0].recv().await.unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(version, 1);
-    assert_eq!(first.workloads.len(), 1);
+    assert_eq!(first.len(), 1, "a small delta is one message");
+    assert_eq!(first[0].workloads.len(), 1);
     for s in &mut streams[1..] {
         let (v, delta) = s.recv().await.unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(v, 1);
@@ -119,7 +120,7 @@ fn a_snapshot_goes_in_bounded_chunks_that_add_up_to_the_cluster() {
         index.apply(pod(i)).unwrap_or_else(|e| panic!("{e}"));
     }
     let view = snapshot(&index.read());
-    let chunks: Vec<Update> = view.snapshot_chunks(4).collect();
+    let chunks: Vec<Update> = view.snapshot_chunks(4, usize::MAX).collect();
     assert_eq!(chunks.len(), 3);
     assert!(chunks[0].snapshot && !chunks[1].snapshot && !chunks[2].snapshot);
     assert!(chunks[0].more && chunks[1].more && !chunks[2].more);
@@ -137,9 +138,67 @@ fn a_snapshot_goes_in_bounded_chunks_that_add_up_to_the_cluster() {
     assert_eq!(r.state.len(), 10);
     // An empty cluster is one empty snapshot.
     let empty = snapshot(&ClusterIndex::new("cluster.local"));
-    let chunks: Vec<Update> = empty.snapshot_chunks(4).collect();
+    let chunks: Vec<Update> = empty.snapshot_chunks(4, usize::MAX).collect();
     assert_eq!(chunks.len(), 1);
     assert!(chunks[0].snapshot && !chunks[0].more);
+    // Bounded in bytes too: one resource a chunk when each is over the budget.
+    let chunks: Vec<Update> = view.snapshot_chunks(256, 1).collect();
+    assert_eq!(chunks.len(), 10);
+    assert!(chunks.iter().all(|c| c.workloads.len() == 1));
+    assert!(chunks[0].snapshot && chunks[8].more && !chunks[9].more);
+}
+
+#[test]
+fn a_delta_goes_in_chunks_bounded_by_count_and_bytes_that_add_up_to_it() {
+    use crate::discovery::state::delta_chunks;
+    use prost::Message;
+    let index = index();
+    for i in 0..10 {
+        index.apply(pod(i)).unwrap_or_else(|e| panic!("{e}"));
+    }
+    let mut delta = snapshot(&index.read()).to_update(false);
+    delta.removed_workloads = vec!["gone/a".into(), "gone/b".into()];
+    delta.removed_services = vec!["gone/svc".into()];
+    let whole = delta.clone();
+    // By count: 13 items, 4 a chunk.
+    let chunks = delta_chunks(delta.clone(), 4, usize::MAX);
+    assert_eq!(chunks.len(), 4);
+    assert!(chunks[..3].iter().all(|c| c.more) && !chunks[3].more);
+    assert!(chunks.iter().all(|c| !c.snapshot));
+    let mut joined = Update::default();
+    for c in &chunks {
+        let n = c.workloads.len()
+            + c.services.len()
+            + c.removed_workloads.len()
+            + c.removed_services.len();
+        assert!(n <= 4, "{c:?}");
+        joined.workloads.extend(c.workloads.iter().cloned());
+        joined
+            .removed_workloads
+            .extend(c.removed_workloads.iter().cloned());
+        joined
+            .removed_services
+            .extend(c.removed_services.iter().cloned());
+    }
+    assert_eq!(joined.workloads, whole.workloads);
+    assert_eq!(joined.removed_workloads, whole.removed_workloads);
+    assert_eq!(joined.removed_services, whole.removed_services);
+    // By bytes: no chunk past the budget but for a single resource larger than it.
+    let budget = whole.workloads[0].encoded_len() * 3;
+    let chunks = delta_chunks(delta.clone(), 256, budget);
+    assert!(chunks.len() > 3, "{}", chunks.len());
+    assert!(
+        chunks.iter().all(|c| c.encoded_len() <= budget + 16),
+        "{chunks:?}"
+    );
+    let tiny = delta_chunks(delta.clone(), 256, 1);
+    assert_eq!(
+        tiny.len(),
+        13,
+        "one resource a chunk when each is over the budget"
+    );
+    // A small delta is one chunk, as it was.
+    assert_eq!(delta_chunks(delta, 256, 1 << 20).len(), 1);
 }
 
 #[tokio::test]

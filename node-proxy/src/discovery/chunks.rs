@@ -79,5 +79,11 @@ mod tests {
         assert!(c.push(chunk(true, true, &["x"])).is_none());
         let whole = c.push(chunk(true, false, &["y"])).unwrap();
         assert_eq!(names(&whole), ["y"]);
+        // A delta in chunks (a big change) is applied whole too.
+        assert!(c.push(chunk(false, true, &["d1"])).is_none());
+        assert!(c.push(chunk(false, true, &["d2"])).is_none());
+        let whole = c.push(chunk(false, false, &["d3"])).unwrap();
+        assert!(!whole.snapshot && !whole.more);
+        assert_eq!(names(&whole), ["d1", "d2", "d3"]);
     }
 }
