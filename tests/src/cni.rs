@@ -484,6 +484,18 @@ impl Cluster {
             .unwrap_or_else(|e| panic!("CNI ADD failed: {e}"))
     }
 
+    /// [`Cluster::del_pod`] of each of `pods`, in order, on a blocking thread, as a runtime
+    /// tears its sandboxes down; fails the test if one fails.
+    pub async fn del_all(self: &Arc<Self>, pods: &[&CniPod]) {
+        for pod in pods {
+            let (c, pod) = (self.clone(), (*pod).clone());
+            tokio::task::spawn_blocking(move || c.del_pod(&pod))
+                .await
+                .unwrap()
+                .unwrap_or_else(|e| panic!("CNI DEL failed: {e}"));
+        }
+    }
+
     /// [`Cluster::curl`] on a blocking thread.
     pub async fn curl_async(
         self: &Arc<Self>,

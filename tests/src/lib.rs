@@ -320,6 +320,16 @@ pub fn init_test_logging() {
     }
 }
 
+/// A running Pod as cluster YAML (a document of its own): `namespace/name` on `node` with
+/// address `ip`, running as the ServiceAccount of its own name.
+pub fn running_pod(name: &str, namespace: &str, node: &str, ip: &str) -> String {
+    format!(
+        "---\napiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: {namespace}}}\n\
+         spec: {{nodeName: {node}, serviceAccountName: {name}, containers: []}}\n\
+         status: {{podIP: {ip}, phase: Running}}\n"
+    )
+}
+
 /// A proxy configuration with the defaults `ambit-proxy` has, for `node`.
 pub fn proxy_config(
     node: &str,

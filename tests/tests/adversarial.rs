@@ -20,7 +20,8 @@
 use ambit_api::WorkloadIdentity;
 use ambit_e2e::cni::{Cluster, CniPod};
 use ambit_e2e::{
-    http_get, http_server, metric_sum, node_token, raw_certify, ControlPlane, NodeProxy, NAMESPACES,
+    http_get, http_server, metric_sum, node_token, raw_certify, running_pod as pod, ControlPlane,
+    NodeProxy, NAMESPACES,
 };
 use ambit_proxy::config::Config;
 use ambit_proxy::netns::Netns;
@@ -63,14 +64,6 @@ fn web(port: u16) -> SocketAddr {
 
 fn web_id() -> WorkloadIdentity {
     WorkloadIdentity::new("cluster.local", "shop", "web").unwrap()
-}
-
-fn pod(name: &str, ns: &str, node: &str, ip: &str) -> String {
-    format!(
-        "---\napiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: {ns}}}\n\
-         spec: {{nodeName: {node}, serviceAccountName: {name}, containers: []}}\n\
-         status: {{podIP: {ip}, phase: Running}}\n"
-    )
 }
 
 /// cli (meshed) and old (not meshed) on node-a; web and api (meshed) on node-b; Services
@@ -500,13 +493,7 @@ impl Mesh {
         // A proxy that panicked fails here.
         a.stop().await;
         b.stop().await;
-        for p in [web, api, cli, old] {
-            let c2 = c.clone();
-            tokio::task::spawn_blocking(move || c2.del_pod(&p))
-                .await
-                .unwrap()
-                .unwrap();
-        }
+        c.del_all(&[&web, &api, &cli, &old]).await;
         cp.stop().await;
     }
 }

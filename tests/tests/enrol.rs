@@ -303,13 +303,7 @@ async fn scenario(test: &str, redirect: Redirect, uid: &str) {
     a.stop().await;
     b.stop().await;
     drop(container);
-    for pod in [&web, &cli, &old] {
-        let (c2, p) = (c.clone(), pod.clone());
-        tokio::task::spawn_blocking(move || c2.del_pod(&p))
-            .await
-            .unwrap()
-            .unwrap();
-    }
+    c.del_all(&[&web, &cli, &old]).await;
     cp.stop().await;
 }
 

@@ -10,7 +10,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure
 
 use ambit_e2e::cni::{Cluster, CniPod};
-use ambit_e2e::{http_server, metric_sum, ControlPlane, NodeProxy, NAMESPACES};
+use ambit_e2e::{http_server, metric_sum, running_pod as pod, ControlPlane, NodeProxy, NAMESPACES};
 use ambit_proxy::netns::Netns;
 use ambit_proxy::proxy::Redirect;
 use std::net::SocketAddr;
@@ -20,14 +20,6 @@ use std::time::Duration;
 use tokio::io::AsyncReadExt;
 
 const CNI: &str = env!("CARGO_BIN_EXE_ambit-cni-e2e");
-
-fn pod(name: &str, ns: &str, node: &str, ip: &str) -> String {
-    format!(
-        "---\napiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: {ns}}}\n\
-         spec: {{nodeName: {node}, serviceAccountName: {name}, containers: []}}\n\
-         status: {{podIP: {ip}, phase: Running}}\n"
-    )
-}
 
 fn cluster_yaml() -> String {
     format!(
@@ -299,13 +291,7 @@ except socket.timeout:
 
     a.stop().await;
     b.stop().await;
-    for p in [&web, &api, &cli, &old] {
-        let (c2, p) = (c.clone(), p.clone());
-        tokio::task::spawn_blocking(move || c2.del_pod(&p))
-            .await
-            .unwrap()
-            .unwrap();
-    }
+    c.del_all(&[&web, &api, &cli, &old]).await;
     cp.stop().await;
 }
 
@@ -470,22 +456,12 @@ async fn gone_from_discovery(test: &str, redirect: Redirect) {
     );
 
     // CNI DEL is an explicit end: nothing held any more.
-    {
-        let (c2, web2) = (c.clone(), web.clone());
-        tokio::task::spawn_blocking(move || c2.del_pod(&web2))
-            .await
-            .unwrap()
-            .unwrap();
-    }
+    c.del_all(&[&web]).await;
     assert_eq!(failing_closed(&b, 0).await.0, 200);
 
     a.stop().await;
     b.stop().await;
-    let (c2, p) = (c.clone(), old.clone());
-    tokio::task::spawn_blocking(move || c2.del_pod(&p))
-        .await
-        .unwrap()
-        .unwrap();
+    c.del_all(&[&old]).await;
     cp.stop().await;
 }
 
@@ -530,11 +506,7 @@ async fn auto_does_not_fall_back_to_nftables_over_pinned_ebpf() {
         serde_json::from_str(&ambit_e2e::http_get(b.admin_addr, "/config_dump").await.1).unwrap();
     assert_eq!(dump["redirect_mode"], "ebpf", "{dump}");
     b.stop().await;
-    let (c2, p) = (c.clone(), web.clone());
-    tokio::task::spawn_blocking(move || c2.del_pod(&p))
-        .await
-        .unwrap()
-        .unwrap();
+    c.del_all(&[&web]).await;
     cp.stop().await;
 }
 
@@ -604,12 +576,6 @@ except OSError as e:
     );
     a.stop().await;
     b.stop().await;
-    for p in [&web, &old] {
-        let (c2, p) = (c.clone(), p.clone());
-        tokio::task::spawn_blocking(move || c2.del_pod(&p))
-            .await
-            .unwrap()
-            .unwrap();
-    }
+    c.del_all(&[&web, &old]).await;
     cp.stop().await;
 }

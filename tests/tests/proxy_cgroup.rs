@@ -9,7 +9,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure
 
 use ambit_e2e::cni::Cluster;
-use ambit_e2e::{http_server, metric_sum, ControlPlane, NodeProxy, NAMESPACES};
+use ambit_e2e::{http_server, metric_sum, running_pod as pod, ControlPlane, NodeProxy, NAMESPACES};
 use ambit_proxy::netns::Netns;
 use ambit_proxy::proxy::Redirect;
 use std::path::{Path, PathBuf};
@@ -45,13 +45,6 @@ impl Drop for InCgroup {
 }
 
 fn cluster_yaml() -> String {
-    let pod = |name: &str, ns: &str, node: &str, ip: &str| {
-        format!(
-            "---\napiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: {ns}}}\n\
-             spec: {{nodeName: {node}, serviceAccountName: {name}, containers: []}}\n\
-             status: {{podIP: {ip}, phase: Running}}\n"
-        )
-    };
     format!(
         "{NAMESPACES}{}{}{}",
         pod("cli", "shop", "node-a", "10.78.1.10"),
@@ -133,13 +126,7 @@ print(got.split(b"\r\n")[0].decode())
     );
     a.stop().await;
     b.stop().await;
-    for p in [&web, &cli, &old] {
-        let (c2, p) = (c.clone(), p.clone());
-        tokio::task::spawn_blocking(move || c2.del_pod(&p))
-            .await
-            .unwrap()
-            .unwrap();
-    }
+    c.del_all(&[&web, &cli, &old]).await;
     cp.stop().await;
     drop(moved);
 }

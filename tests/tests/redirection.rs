@@ -281,13 +281,7 @@ async fn scenario(test: &str, redirect: Redirect) {
 
     a.stop().await;
     b.stop().await;
-    for pod in [&web2, &cli, &old] {
-        let (c2, p) = (c.clone(), pod.clone());
-        tokio::task::spawn_blocking(move || c2.del_pod(&p))
-            .await
-            .unwrap()
-            .unwrap();
-    }
+    c.del_all(&[&web2, &cli, &old]).await;
     cp.stop().await;
 }
 
