@@ -169,7 +169,28 @@ async fn scenario(test: &str, redirect: Redirect) {
             held.push(s);
         }
     }
-    // Each admitted connection reaches web; the refused ones are closed by the proxy.
+    // The refused ones are counted (the proxy counts, then closes, at accept: once the
+    // count is in, so are the closes) ...
+    let refused_now = || async {
+        let m = b.metrics().await;
+        let n = metric_sum(
+            &m,
+            "tcp_connections_refused_total",
+            &["listener=\"inbound_plain\"", "reason=\"pod_limit\""],
+        );
+        (n, m)
+    };
+    let (mut refused, mut m) = refused_now().await;
+    for _ in 0..100 {
+        if refused >= 10 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        (refused, m) = refused_now().await;
+    }
+    // ... 20, less the pooled mesh connection from cli's proxy that web's budget also holds.
+    assert!((10..=11).contains(&refused), "{m}");
+    // ... and closed; the admitted ones reach web and stay open.
     let mut closed = 0;
     for s in &mut held {
         let mut one = [0u8; 1];
@@ -178,14 +199,6 @@ async fn scenario(test: &str, redirect: Redirect) {
             closed += 1;
         }
     }
-    let m = b.metrics().await;
-    let refused = metric_sum(
-        &m,
-        "tcp_connections_refused_total",
-        &["listener=\"inbound_plain\"", "reason=\"pod_limit\""],
-    );
-    // 20, less the pooled mesh connection from cli's proxy that web's budget also holds.
-    assert!((10..=11).contains(&refused), "{m}");
     assert_eq!(closed, refused);
     // web is full, but the node's other pod is served, by the mesh and in plaintext.
     assert_eq!(
