@@ -306,11 +306,22 @@ fn ready_probe(
                 pods.join(", ")
             ));
         }
-        let missing: Vec<_> = identities
+        // Every identity discovery has on this node, whether or not the identity manager
+        // has been told of it yet (it follows discovery asynchronously): checking only
+        // what the manager holds answered "ready" with identities still to come.
+        let certified: std::collections::BTreeSet<String> = identities
             .status()
             .into_iter()
-            .filter(|s| s.not_after.is_none())
-            .map(|s| s.identity.to_string())
+            .filter(|st| st.not_after.is_some())
+            .map(|st| st.identity.to_string())
+            .collect();
+        let missing: Vec<_> = s
+            .local_workloads(&node)
+            .iter()
+            .map(|w| w.identity.to_string())
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .filter(|id| !certified.contains(id))
             .collect();
         if missing.is_empty() {
             Ok(())
