@@ -280,8 +280,10 @@ impl ClusterIndex {
             .map(|p| self.workload(p))
     }
 
-    /// Whether a non-terminated pod running as `namespace/service_account` is on `node`:
-    /// the CA's node-scoped authorization.
+    /// Whether a non-terminated, meshed pod running as `namespace/service_account` is on
+    /// `node`: the CA's node-scoped authorization. Only meshed pods: the proxy serves no
+    /// other, so a compromised node gets no identity of its unmeshed or hostNetwork pods
+    /// (which another node's meshed pods may share).
     pub fn node_runs_service_account(
         &self,
         node: &str,
@@ -293,6 +295,7 @@ impl ClusterIndex {
                 && p.namespace == namespace
                 && p.service_account == service_account
                 && !p.is_terminated()
+                && self.is_meshed(p)
         })
     }
 

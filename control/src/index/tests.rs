@@ -120,6 +120,11 @@ fn node_scoped_authorization_follows_scheduling() {
     assert!(idx.node_runs_service_account("node-a", "shop", "web"));
     assert!(!idx.node_runs_service_account("node-b", "shop", "web"));
     assert!(!idx.node_runs_service_account("node-a", "other", "web"));
+    // Only meshed pods entitle their node: not legacy's unmeshed app, not an opted-out
+    // or hostNetwork pod.
+    assert!(!idx.node_runs_service_account("node-a", "legacy", "app"));
+    assert!(!idx.node_runs_service_account("node-a", "shop", "default"));
+    assert!(idx.node_runs_service_account("node-b", "legacy", "pilot"));
     // Terminated pods no longer entitle their node.
     assert!(!idx.node_runs_service_account("node-b", "shop", "job"));
     // Deleting the pod revokes the entitlement.
