@@ -5,9 +5,12 @@
 //! - `pki`: create the mesh's trust anchor and issuer (`ambit pki init`).
 //! - `check`: what is wrong with a node, the PKI, the control plane or the proxies, and
 //!   what to do (`ambit check [--pre | --proxy]`).
+//! - `stat`: golden metrics per workload, pod or namespace from the node proxies'
+//!   `/metrics` (`ambit stat`).
 
 mod check;
 mod pki;
+mod stat;
 
 use clap::{Parser, Subcommand};
 
@@ -31,6 +34,13 @@ enum Command {
     /// node proxies (`--proxy`): √ / ‼ / × with a hint for each problem; exits non-zero on
     /// any ×, and with `--strict` on any ‼.
     Check(check::CheckArgs),
+    /// Golden metrics per deployment, pod or namespace, as `linkerd viz stat`.
+    ///
+    /// MESHED, SUCCESS, RPS, LATENCY_P50/P95/P99 and TCP_CONN over a window (`-t`): the
+    /// node proxies' `/metrics` (`--proxy-admin`) scraped at its start and end, rates and
+    /// quantiles as PromQL's `rate` and `histogram_quantile` compute them. `--from` /
+    /// `--to` for one edge; `-o wide` adds byte rates and the mTLS share; `-o json`.
+    Stat(stat::StatArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -40,5 +50,6 @@ fn main() -> anyhow::Result<()> {
             let code = check::run(args)?;
             std::process::exit(code)
         }
+        Command::Stat(args) => stat::run(args),
     }
 }

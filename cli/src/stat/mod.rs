@@ -1,0 +1,232 @@
+//! `ambit stat`: golden metrics per workload, pod or namespace, from the node proxies'
+//! `/metrics`, as `linkerd viz stat` shows them from Prometheus.
+//!
+//! - `scrape`: where the proxies are ([`scrape::ProxySource`]) and reading their metrics.
+//! - `parse`: the text exposition format into samples.
+//! - `traffic`: the proxies' traffic series, typed, and who the peer of each was (shared
+//!   with `ambit edges`).
+//! - `compute`: two scrapes → rows, as PromQL computes rates, ratios and quantiles;
+//!   `quantile`: `histogram_quantile`.
+//! - `render`: the table and JSON.
+
+pub mod compute;
+pub mod parse;
+mod quantile;
+pub mod render;
+pub mod scrape;
+pub mod traffic;
+
+#[cfg(test)]
+pub(crate) mod fixtures;
+#[cfg(test)]
+pub(crate) mod tests;
+
+use anyhow::{bail, Context};
+use compute::{Edge, Resource, Selection, Snapshot, Target};
+use render::Format;
+use scrape::{ProxySource, ScrapeError};
+use std::io::Write;
+use std::time::Duration;
+
+/// Where the node proxies are, for `ambit stat` and `ambit edges`.
+#[derive(Debug, clap::Args)]
+pub struct ProxyArgs {
+    /// The node proxies' admin servers, one per node (http://HOST:4191); several may follow
+    /// one flag, or repeat it.
+    #[arg(
+        long = "proxy-admin",
+        value_name = "URL",
+        num_args = 1..,
+        default_value = "http://127.0.0.1:4191"
+    )]
+    pub proxy_admin: Vec<String>,
+    /// How long each proxy may take to answer.
+    #[arg(long, default_value = "5s", value_parser = ambit_api::duration::parse_duration)]
+    pub timeout: Duration,
+}
+
+/// `ambit stat` flags.
+#[derive(Debug, clap::Args)]
+#[command(after_help = "\
+Examples:
+  ambit stat deploy -n shop --proxy-admin http://10.0.0.1:4191 http://10.0.0.2:4191
+  ambit stat deploy/web -t 30s             one workload over 30 seconds
+  ambit stat deploy --from deploy/web      what web sends, by destination
+  ambit stat pod --to deploy/api -o wide   who calls api, by client pod
+  ambit stat ns -o json
+
+Without --from/--to a row counts what its pods receive (the servers' view). --from and
+--to count what clients send (the outbound side), so they include failures the client saw.
+The proxies name a peer only by its identity and the Service asked for: a destination is
+the workload its ServiceAccount or its Service is named after, else svc/NAME or sa/NAME.
+TCP_CONN and the byte rates count opaque TCP (the proxies keep no TCP series for HTTP
+connections), and bytes are added when a connection closes.")]
+pub struct StatArgs {
+    /// What to show a row for: deploy, pod or ns; or TYPE/NAME for one of them.
+    #[arg(value_name = "TYPE", default_value = "deploy")]
+    pub resource: String,
+    /// Only the row of this name.
+    pub name: Option<String>,
+    /// Only rows in this namespace (default: all).
+    #[arg(short, long)]
+    pub namespace: Option<String>,
+    /// Only traffic sent by this resource (deploy/NAME, pod/NAME, ns/NAME), one row per
+    /// destination.
+    #[arg(long, value_name = "TYPE/NAME", conflicts_with = "to")]
+    pub from: Option<String>,
+    /// The namespace of --from (default: -n's, else any).
+    #[arg(long, value_name = "NAMESPACE")]
+    pub from_namespace: Option<String>,
+    /// Only traffic sent to this resource (deploy/NAME, ns/NAME), one row per client.
+    #[arg(long, value_name = "TYPE/NAME")]
+    pub to: Option<String>,
+    /// The namespace of --to (default: -n's, else any).
+    #[arg(long, value_name = "NAMESPACE")]
+    pub to_namespace: Option<String>,
+    /// The window the rates are measured over: the proxies are scraped at its start and at
+    /// its end.
+    #[arg(short = 't', long, default_value = "10s", value_parser = window)]
+    pub window: Duration,
+    /// Output format.
+    #[arg(short, long, value_enum, default_value = "table")]
+    pub output: Format,
+    #[command(flatten)]
+    pub proxies: ProxyArgs,
+}
+
+fn window(s: &str) -> Result<Duration, String> {
+    match ambit_api::duration::parse_duration(s)? {
+        d if d.is_zero() => Err("the window must be longer than 0s (e.g. 10s)".into()),
+        d => Ok(d),
+    }
+}
+
+/// `deploy`, `deploy NAME` or `deploy/NAME`.
+pub fn resource_and_name(
+    resource: &str,
+    name: Option<&str>,
+) -> Result<(Resource, Option<String>), String> {
+    match resource.split_once('/') {
+        Some((kind, n)) => {
+            if let Some(extra) = name {
+                return Err(format!(
+                    "{resource:?} already names one resource; drop {extra:?} or write `{kind} {extra}`"
+                ));
+            }
+            if n.is_empty() {
+                return Err(format!("{resource:?}: the name after '/' is missing"));
+            }
+            Ok((Resource::parse(kind)?, Some(n.to_string())))
+        }
+        None => Ok((Resource::parse(resource)?, name.map(str::to_string))),
+    }
+}
+
+fn selection(args: &StatArgs) -> Result<Selection, String> {
+    let (resource, name) = resource_and_name(&args.resource, args.name.as_deref())?;
+    let ns = args.namespace.clone();
+    let edge = match (&args.from, &args.to) {
+        (Some(f), None) => Edge::From(
+            Target::parse(f, args.from_namespace.clone().or(ns.clone()))
+                .map_err(|e| format!("--from {e}"))?,
+        ),
+        (None, Some(t)) => Edge::To(
+            Target::parse(t, args.to_namespace.clone().or(ns.clone()))
+                .map_err(|e| format!("--to {e}"))?,
+        ),
+        (None, None) => Edge::All,
+        (Some(_), Some(_)) => return Err("give --from or --to, not both".into()),
+    };
+    let sel = Selection {
+        resource,
+        name,
+        namespace: ns,
+        edge,
+    };
+    sel.check()?;
+    Ok(sel)
+}
+
+/// Writes each proxy that did not answer to `warn`.
+pub fn report(failed: &[ScrapeError], warn: &mut dyn Write) {
+    for e in failed {
+        let _ = writeln!(warn, "skipping a node proxy: {e}");
+    }
+}
+
+/// Scrapes `source`'s proxies once; an error when none answered.
+pub async fn scrape_once(
+    source: &dyn ProxySource,
+    timeout: Duration,
+    warn: &mut dyn Write,
+) -> anyhow::Result<Snapshot> {
+    let urls = source.proxies().map_err(anyhow::Error::msg)?;
+    let (proxies, failed) = scrape::scrape_all(&urls, timeout).await;
+    report(&failed, warn);
+    if proxies.is_empty() {
+        bail!(
+            "none of the {} node proxies answered (above: why); check the --proxy-admin URLs (http://HOST:4191) and that the proxies run",
+            urls.len()
+        );
+    }
+    Ok(Snapshot { proxies })
+}
+
+/// `ambit stat` against the proxies of `source`: the text to print; why a proxy was
+/// skipped goes to `warn`.
+pub async fn execute(
+    args: &StatArgs,
+    source: &dyn ProxySource,
+    warn: &mut dyn Write,
+) -> anyhow::Result<String> {
+    let sel = selection(args).map_err(anyhow::Error::msg)?;
+    let start = tokio::time::Instant::now();
+    let before = scrape_once(source, args.proxies.timeout, warn).await?;
+    tokio::time::sleep_until(start + args.window).await;
+    let end = tokio::time::Instant::now();
+    // Only the proxies that answered the first time can give a rate.
+    let again: Vec<scrape::AdminUrl> = source
+        .proxies()
+        .map_err(anyhow::Error::msg)?
+        .into_iter()
+        .filter(|u| before.proxies.contains_key(&u.to_string()))
+        .collect();
+    let (proxies, failed) = scrape::scrape_all(&again, args.proxies.timeout).await;
+    report(&failed, warn);
+    if proxies.is_empty() {
+        bail!("no node proxy answered both scrapes (above: why), so there is no rate to show");
+    }
+    let after = Snapshot { proxies };
+    let rows = compute::compute(&before, &after, end - start, &sel);
+    if rows.is_empty() && args.output != Format::Json {
+        let _ = writeln!(
+            warn,
+            "No traffic found: the proxies report no {} matching the selection.",
+            sel.resource.kind()
+        );
+    }
+    Ok(render::render(&rows, args.output, sel.resource.kind()))
+}
+
+/// Prints `text`; a closed pipe (`| head`) is not an error.
+pub fn print(text: &str) -> anyhow::Result<()> {
+    match std::io::stdout().write_all(text.as_bytes()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+        _ => Ok(()),
+    }
+}
+
+/// A runtime for one command.
+pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the runtime")
+}
+
+/// `ambit stat`.
+pub fn run(args: StatArgs) -> anyhow::Result<()> {
+    let source = scrape::Flags(&args.proxies.proxy_admin);
+    let text = runtime()?.block_on(execute(&args, &source, &mut std::io::stderr()))?;
+    print(&text)
+}

@@ -1,0 +1,249 @@
+//! Finding the node proxies and reading their `/metrics`.
+//!
+//! [`ProxySource`] is where the list of admin servers comes from: today the command line
+//! (`--proxy-admin`, [`Flags`]); the demo's state and the API server's pod proxy are other
+//! sources to add behind the same trait. [`scrape_all`] reads every proxy at once, with a
+//! timeout each, and reports the ones that did not answer instead of failing the command.
+
+use super::parse::{parse, Sample};
+use http_body_util::{BodyExt, Empty, Limited};
+use hyper::body::Bytes;
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+/// The largest `/metrics` body read (a node with many pods serves a few MiB).
+const MAX_BODY: usize = 64 << 20;
+
+/// A node proxy's admin server, parsed from `http://HOST:PORT[/PATH]`.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct AdminUrl {
+    /// `HOST:PORT`.
+    authority: String,
+    /// The metrics path (`/metrics` unless the URL names one).
+    path: String,
+}
+
+impl AdminUrl {
+    /// Parses `s`; the error says what is expected.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let expected =
+            "give a node proxy's admin server as http://HOST:PORT, e.g. http://127.0.0.1:4191";
+        let Some(rest) = s.strip_prefix("http://") else {
+            return Err(if s.starts_with("https://") {
+                format!("{s:?}: the node proxy's admin server speaks plain HTTP; {expected}")
+            } else if s.contains("://") {
+                format!("{s:?}: not an http:// URL; {expected}")
+            } else {
+                format!(
+                    "{s:?} is not a URL; {expected} (--proxy-admin takes every value that follows it: put the resource and its name before it)"
+                )
+            });
+        };
+        let (authority, path) = match rest.find(['/', '?', '#']) {
+            Some(i) => (&rest[..i], &rest[i..]),
+            None => (rest, ""),
+        };
+        let uri: hyper::Uri = format!("http://{authority}/")
+            .parse()
+            .map_err(|e| format!("{s:?}: {e}; {expected}"))?;
+        if authority.contains('@') || uri.host().is_none_or(str::is_empty) {
+            return Err(format!("{s:?}: no host; {expected}"));
+        }
+        if uri.port_u16().is_none() {
+            return Err(format!(
+                "{s:?}: no port; the admin server listens on 4191 by default: http://{authority}:4191"
+            ));
+        }
+        let path = match path {
+            "" | "/" => "/metrics".to_string(),
+            p if p.starts_with('/') => p.to_string(),
+            p => return Err(format!("{s:?}: {p:?} is not a path; {expected}")),
+        };
+        Ok(Self {
+            authority: authority.to_string(),
+            path,
+        })
+    }
+}
+
+impl fmt::Display for AdminUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "http://{}{}", self.authority, self.path)
+    }
+}
+
+/// Where the node proxies' admin servers are.
+pub trait ProxySource {
+    /// The admin servers to scrape; an error says what is wrong with the source.
+    fn proxies(&self) -> Result<Vec<AdminUrl>, String>;
+}
+
+/// `--proxy-admin URL...`.
+#[derive(Debug)]
+pub struct Flags<'a>(pub &'a [String]);
+
+impl ProxySource for Flags<'_> {
+    fn proxies(&self) -> Result<Vec<AdminUrl>, String> {
+        let mut urls: Vec<AdminUrl> = self
+            .0
+            .iter()
+            .map(|s| AdminUrl::parse(s).map_err(|e| format!("--proxy-admin {e}")))
+            .collect::<Result<_, _>>()?;
+        urls.sort();
+        urls.dedup();
+        if urls.is_empty() {
+            return Err("no node proxy to ask: give --proxy-admin http://HOST:4191".into());
+        }
+        Ok(urls)
+    }
+}
+
+/// Why a proxy's metrics could not be read: each says what happened, where, and what to do.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ScrapeError(pub String);
+
+impl fmt::Display for ScrapeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ScrapeError {}
+
+/// `GET` the metrics of one proxy and parse them.
+pub async fn scrape(url: &AdminUrl, timeout: Duration) -> Result<Vec<Sample>, ScrapeError> {
+    let text = tokio::time::timeout(timeout, get(url))
+        .await
+        .map_err(|_| {
+            ScrapeError(format!(
+                "{url}: no answer within {timeout:?}; is this the node proxy's admin port (4191), and is the proxy running? (--timeout to wait longer)"
+            ))
+        })??;
+    parse(&text).map_err(|e| {
+        ScrapeError(format!(
+            "{url}: {e}: not Prometheus text metrics; is this a node proxy's admin server (port 4191, path /metrics)?"
+        ))
+    })
+}
+
+async fn get(url: &AdminUrl) -> Result<String, ScrapeError> {
+    let fail = |what: String| ScrapeError(format!("{url}: {what}"));
+    let tcp = tokio::net::TcpStream::connect(&url.authority)
+        .await
+        .map_err(|e| {
+            fail(format!(
+                "cannot connect: {e}; is the node proxy running, and its admin server on this address (--admin-addr, 0.0.0.0:4191 by default)?"
+            ))
+        })?;
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake::<_, Empty<Bytes>>(hyper_util::rt::TokioIo::new(tcp))
+            .await
+            .map_err(|e| fail(format!("HTTP handshake: {e}")))?;
+    let conn = tokio::spawn(conn);
+    let req = hyper::Request::get(&url.path)
+        .header(hyper::header::HOST, &url.authority)
+        .header(
+            hyper::header::ACCEPT,
+            "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5",
+        )
+        .body(Empty::new())
+        .map_err(|e| fail(e.to_string()))?;
+    let result = async {
+        let resp = sender
+            .send_request(req)
+            .await
+            .map_err(|e| fail(format!("no HTTP answer: {e}; is this a node proxy's admin port?")))?;
+        let status = resp.status();
+        let body = Limited::new(resp.into_body(), MAX_BODY)
+            .collect()
+            .await
+            .map_err(|e| fail(format!("reading the body (at most {} MiB): {e}", MAX_BODY >> 20)))?
+            .to_bytes();
+        let text = String::from_utf8_lossy(&body);
+        if !status.is_success() {
+            let first = text.lines().next().unwrap_or("").trim();
+            return Err(fail(format!(
+                "answered {status}{}{first}; is this a node proxy's admin server, and the path /metrics?",
+                if first.is_empty() { "" } else { ": " }
+            )));
+        }
+        Ok(text.into_owned())
+    }
+    .await;
+    conn.abort();
+    result
+}
+
+/// Scrapes every proxy at once: the metrics of those that answered, and the errors of
+/// those that did not.
+pub async fn scrape_all(
+    urls: &[AdminUrl],
+    timeout: Duration,
+) -> (BTreeMap<String, Vec<Sample>>, Vec<ScrapeError>) {
+    let mut tasks = tokio::task::JoinSet::new();
+    for url in urls {
+        let url = url.clone();
+        tasks.spawn(async move { (url.to_string(), scrape(&url, timeout).await) });
+    }
+    let (mut ok, mut failed) = (BTreeMap::new(), Vec::new());
+    while let Some(done) = tasks.join_next().await {
+        match done {
+            Ok((url, Ok(samples))) => {
+                ok.insert(url, samples);
+            }
+            Ok((_, Err(e))) => failed.push(e),
+            Err(e) => failed.push(ScrapeError(format!("a scrape failed: {e}"))),
+        }
+    }
+    failed.sort_by(|a, b| a.0.cmp(&b.0));
+    (ok, failed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn admin_urls() {
+        let u = AdminUrl::parse("http://127.0.0.1:4191").unwrap();
+        assert_eq!(u.to_string(), "http://127.0.0.1:4191/metrics");
+        assert_eq!(
+            AdminUrl::parse("http://node-a:4191/").unwrap().to_string(),
+            "http://node-a:4191/metrics"
+        );
+        assert_eq!(
+            AdminUrl::parse("http://[::1]:9/m").unwrap().to_string(),
+            "http://[::1]:9/m"
+        );
+        for (bad, says) in [
+            ("https://127.0.0.1:4191", "plain HTTP"),
+            ("ftp://x:1", "not an http:// URL"),
+            ("127.0.0.1:4191", "is not a URL"),
+            ("deploy", "put the resource and its name before it"),
+            (
+                "http://127.0.0.1",
+                "no port; the admin server listens on 4191",
+            ),
+            ("http://:4191", "no host"),
+            ("http://a b:1", "http://HOST:PORT"),
+            ("http://u@h:1", "no host"),
+            ("http://h:1?x", "is not a path"),
+        ] {
+            let e = AdminUrl::parse(bad).unwrap_err();
+            assert!(e.contains(says), "{bad}: {e}");
+            assert!(e.contains("http://"), "{bad}: {e}");
+        }
+        let e = Flags(&["http://a:1".into(), "nope".into()])
+            .proxies()
+            .unwrap_err();
+        assert!(e.starts_with("--proxy-admin \"nope\""), "{e}");
+        assert_eq!(
+            Flags(&["http://a:1".into(), "http://a:1/".into()])
+                .proxies()
+                .unwrap()
+                .len(),
+            1
+        );
+    }
+}
