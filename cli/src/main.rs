@@ -7,8 +7,11 @@
 //!   what to do (`ambit check [--pre | --proxy]`).
 //! - `stat`: golden metrics per workload, pod or namespace from the node proxies'
 //!   `/metrics` (`ambit stat`).
+//! - `edges`: who talks to whom, with the identities and whether the hop was mTLS
+//!   (`ambit edges`).
 
 mod check;
+mod edges;
 mod pki;
 mod stat;
 
@@ -41,6 +44,12 @@ enum Command {
     /// quantiles as PromQL's `rate` and `histogram_quantile` compute them. `--from` /
     /// `--to` for one edge; `-o wide` adds byte rates and the mTLS share; `-o json`.
     Stat(stat::StatArgs),
+    /// Who talks to whom, and whether it is encrypted, as `linkerd viz edges`.
+    ///
+    /// One row per (source, destination) workload or pod seen in one scrape of the node
+    /// proxies' `/metrics`: the identity the server saw (CLIENT_ID), the one the client
+    /// required (SERVER_ID), and SECURED √ when the hop was mTLS.
+    Edges(edges::EdgesArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -51,5 +60,6 @@ fn main() -> anyhow::Result<()> {
             std::process::exit(code)
         }
         Command::Stat(args) => stat::run(args),
+        Command::Edges(args) => edges::run(args),
     }
 }

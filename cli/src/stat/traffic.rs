@@ -97,6 +97,8 @@ pub enum Peer {
         /// Its ServiceAccount.
         service_account: String,
     },
+    /// A client without mTLS: outside the mesh.
+    Unmeshed,
     /// A destination outside the mesh that is no Service.
     Unknown,
 }
@@ -108,7 +110,7 @@ impl Peer {
             Peer::Workload { namespace, .. }
             | Peer::Service { namespace, .. }
             | Peer::Identity { namespace, .. } => namespace,
-            Peer::Unknown => "",
+            Peer::Unmeshed | Peer::Unknown => "",
         }
     }
 
@@ -119,16 +121,18 @@ impl Peer {
             Peer::Identity {
                 service_account, ..
             } => service_account,
+            Peer::Unmeshed => "unmeshed",
             Peer::Unknown => "unknown",
         }
     }
 
-    /// What kind of name [`Peer::name`] is: `deploy`, `svc`, `sa`, `unknown`.
+    /// What kind of name [`Peer::name`] is: `deploy`, `svc`, `sa`, `unmeshed`, `unknown`.
     pub fn kind(&self) -> &'static str {
         match self {
             Peer::Workload { .. } => "deploy",
             Peer::Service { .. } => "svc",
             Peer::Identity { .. } => "sa",
+            Peer::Unmeshed => "unmeshed",
             Peer::Unknown => "unknown",
         }
     }
@@ -212,6 +216,15 @@ impl Directory {
         }
         by_id.unwrap_or(Peer::Unknown)
     }
+
+    /// The client of an inbound series: the workload named by its identity, else the
+    /// identity; unmeshed without one.
+    pub fn client(&self, t: &Traffic) -> Peer {
+        if t.peer_id.is_empty() {
+            return Peer::Unmeshed;
+        }
+        self.identity(&t.peer_id).unwrap_or(Peer::Unknown)
+    }
 }
 
 #[cfg(test)]
@@ -262,5 +275,13 @@ tcp_errors_total{direction=\"inbound\",error=\"client\"} 1
             ("svc", "db", "data")
         );
         assert_eq!(dir.server(&t[4]), Peer::Unknown);
+        // Inbound: the client's identity.
+        assert_eq!(dir.client(&t[5]), w("shop", "web"));
+        let c = dir.client(&t[6]);
+        assert_eq!(
+            (c.kind(), c.name(), c.namespace()),
+            ("sa", "default", "shop")
+        );
+        assert_eq!(dir.client(&t[7]), Peer::Unmeshed);
     }
 }
