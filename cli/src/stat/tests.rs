@@ -602,3 +602,51 @@ async fn stat_refuses_bad_urls_and_selections_before_scraping() {
     let e = Cli::try_parse_from(["stat", "--from", "deploy/a", "--to", "deploy/b"]).unwrap_err();
     assert!(e.to_string().contains("cannot be used with"), "{e}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_node_proxys_metrics_are_read() {
+    // A node proxy of this repository (in process): its admin server, its content type,
+    // every family it registers (identity, discovery, limits, CNI, …) go through the
+    // scraper and the parser. Its one pod has no netns here, so no traffic: no rows.
+    let cluster = "---\napiVersion: v1\nkind: Pod\nmetadata: {name: web, namespace: shop}\n\
+        spec: {nodeName: node-a, serviceAccountName: web, containers: []}\n\
+        status: {podIP: 10.99.0.2, phase: Running}\n";
+    let cp =
+        ambit_e2e::ControlPlane::start(&format!("{}{cluster}", ambit_e2e::NAMESPACES), &["node-a"])
+            .await;
+    let proxy = ambit_e2e::NodeProxy::start(&cp, "node-a").await;
+    let url = format!("http://{}", proxy.admin_addr);
+    let samples = super::scrape::scrape(
+        &super::scrape::AdminUrl::parse(&url).unwrap(),
+        Duration::from_secs(5),
+    )
+    .await
+    .unwrap();
+    assert!(
+        samples
+            .iter()
+            .any(|s| s.name == "identity_cert_expiration_timestamp_seconds"
+                && s.label("identity") == "spiffe://cluster.local/ns/shop/sa/web"),
+        "{samples:?}"
+    );
+    let args = stat_args(
+        &["deploy", "-o", "json", "-t", "100ms"],
+        std::slice::from_ref(&url),
+    );
+    let mut warn = Vec::new();
+    let out = execute(&args, &Flags(&args.proxies.proxy_admin), &mut warn)
+        .await
+        .unwrap();
+    assert_eq!(out, "[]\n", "{}", String::from_utf8_lossy(&warn));
+    assert!(warn.is_empty(), "{}", String::from_utf8_lossy(&warn));
+    // A path that is not /metrics: the admin server's 404, named.
+    let args = stat_args(&["deploy", "-t", "10ms"], &[format!("{url}/nope")]);
+    let mut warn = Vec::new();
+    assert!(execute(&args, &Flags(&args.proxies.proxy_admin), &mut warn)
+        .await
+        .is_err());
+    let warn = String::from_utf8(warn).unwrap();
+    assert!(warn.contains("/nope: answered 404 Not Found"), "{warn}");
+    proxy.stop().await;
+    cp.stop().await;
+}
