@@ -347,14 +347,7 @@ impl Cluster {
     /// settings).
     pub fn exec(&self, pod: &CniPod, args: &[&str]) -> Output {
         let node = &self.nodes[pod.node];
-        // Into the cgroup first: `ip netns exec` mounts a sysfs of the netns, which
-        // hides the cgroup tree.
-        Command::new("sh")
-            .arg("-c")
-            .arg(r#"cg=$0; ns=$1; shift; echo $$ > "$cg/cgroup.procs" && exec ip netns exec "$ns" "$@""#)
-            .arg(&node.cgroup)
-            .arg(&pod.netns)
-            .args(args)
+        ambit_topology::pod_command(Some(&node.cgroup), &pod.netns, args[0], &args[1..])
             .output()
             .unwrap()
     }
