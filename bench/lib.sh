@@ -11,6 +11,7 @@ prepare() {
     need socat "apt-get install socat"
     need "$OHA" "cargo install oha --locked"
     cargo build --release -q -p ambit-control -p ambit-proxy -p ambit-cli
+    cargo build --release -q -p ambit-bench --bin ambit-topology
     BIN=$PWD/target/release
 }
 
@@ -23,22 +24,16 @@ scratch_dir() { # prefix
 }
 
 # Pods as network namespaces <prefix>-<name> on a bridge in <prefix>-br, addressed
-# 10.78.0.2, .3, ... in the order given. The caller deletes them (its cleanup trap).
+# 10.78.0.2, .3, ... in the order given: the topology crate the tests and `ambit demo` use
+# (bench/src/topology.rs). The caller removes them with `remove_pods <prefix>` (its cleanup
+# trap).
 pods_on_bridge() { # prefix name...
-    local p=$1 i=2 ns
+    local p=$1
     shift
-    ip netns add "$p-br"
-    ip -n "$p-br" link add br0 type bridge
-    ip -n "$p-br" link set br0 up
-    for ns in "$@"; do
-        ip netns add "$p-$ns"
-        ip -n "$p-$ns" link add eth0 type veth peer name "p$i" netns "$p-br"
-        ip -n "$p-br" link set "p$i" master br0 up
-        ip -n "$p-$ns" addr add "10.78.0.$i/24" dev eth0
-        ip -n "$p-$ns" link set eth0 up
-        ip -n "$p-$ns" link set lo up
-        i=$((i + 1))
-    done
+    "$BIN/ambit-topology" up --prefix "$p" "$@"
+}
+remove_pods() { # prefix
+    "$BIN/ambit-topology" down --prefix "$1" 2>/dev/null || true
 }
 
 # The server pod's applications: nginx (1 worker, access log off, a 1 KiB file) on 8080

@@ -41,7 +41,7 @@ cleanup() {
     for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
     for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
     [ -d "$CG_R" ] && echo 1 > "$CG_R/cgroup.kill" && sleep 0.2
-    for ns in cli dir srv sdir br; do ip netns del "$P-$ns" 2>/dev/null || true; done
+    remove_pods "$P"
     # Removing the pins detaches the programs.
     rm -rf "/sys/fs/bpf/$P-a" "/sys/fs/bpf/$P-b"
     rmdir "$CG_A" "$CG_B" "$CG_R" 2>/dev/null || true
@@ -99,8 +99,8 @@ grep node-b "$WORK/tokens.yaml" | awk '{print $2}' > "$WORK/node-b.token"
 PIDS+=($!)
 for node in a b; do
     port=$([ $node = a ] && echo 14191 || echo 14192)
-    "$BIN/ambit-proxy" --node-name "node-$node" --identity-url http://127.0.0.1:18080 \
-        --discovery-url http://127.0.0.1:18086 --token-file "$WORK/node-$node.token" \
+    "$BIN/ambit-proxy" --node-name "node-$node" --identity-url https://127.0.0.1:18080 \
+        --discovery-url https://127.0.0.1:18086 --token-file "$WORK/node-$node.token" \
         --trust-anchors "$WORK/pki/trust-anchor.crt" --admin-addr "127.0.0.1:$port" --log warn \
         --redirect "$REDIRECT" --cgroup-path "$CG_ROOT/$P-$node" --bpf-pin-dir "/sys/fs/bpf/$P-$node" \
         --cni-socket '' --run-dir "$WORK/run-$node" \

@@ -35,7 +35,7 @@ PIDS=()
 cleanup() {
     for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
     for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
-    for ns in cli-e cli-n dir srv-e srv-n srv-d br; do ip netns del "$P-$ns" 2>/dev/null || true; done
+    remove_pods "$P"
     # Removing the pins detaches the programs.
     rm -rf "$PINS-ae" "$PINS-be"
     rmdir "$CG_A" "$CG_B" 2>/dev/null || true
@@ -80,8 +80,8 @@ for node in ae be an bn; do
         be) mode=(--redirect ebpf --cgroup-path "$CG_B" --bpf-pin-dir "$PINS-be") ;;
         *) mode=(--redirect nftables) ;;
     esac
-    "$BIN/ambit-proxy" --node-name "node-$node" --identity-url http://127.0.0.1:18180 \
-        --discovery-url http://127.0.0.1:18186 --token-file "$WORK/node-$node.token" \
+    "$BIN/ambit-proxy" --node-name "node-$node" --identity-url https://127.0.0.1:18180 \
+        --discovery-url https://127.0.0.1:18186 --token-file "$WORK/node-$node.token" \
         --trust-anchors "$WORK/pki/trust-anchor.crt" --admin-addr "127.0.0.1:${ADMIN[$node]}" --log warn \
         --cni-socket '' --run-dir "$WORK/run-$node" "${mode[@]}" 2>"$OUT/proxy-$node.log" &
     PIDS+=($!)
