@@ -1,6 +1,8 @@
 //! Endpoint choice: power of two choices over peak-EWMA latency × outstanding requests, as
 //! Linkerd does; an endpoint that just failed is not picked again for a while, unless
-//! nothing else is left.
+//! nothing else is left. The latency estimate fades towards zero while an endpoint is not
+//! used (as tower's PeakEwma decays on every read), so an endpoint that was once slow is
+//! tried again rather than left unused for ever.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -33,11 +35,17 @@ impl Stats {
         }
     }
 
+    /// The latency estimate at `now`: faded by the time since the last sample.
+    fn estimate(&self, now: Instant) -> f64 {
+        let idle = now.duration_since(self.stamp).as_secs_f64();
+        self.ewma_ns * (-idle / DECAY.as_secs_f64()).exp()
+    }
+
     fn cost(&self, now: Instant) -> f64 {
         let penalised = self
             .failed_at
             .is_some_and(|t| now.duration_since(t) < FAILURE_PENALTY);
-        let base = self.ewma_ns * f64::from(self.pending + 1);
+        let base = self.estimate(now) * f64::from(self.pending + 1);
         if penalised {
             base * 1e6
         } else {
@@ -116,13 +124,14 @@ impl Balancer {
             Some(rtt) => {
                 let sample = rtt.as_nanos() as f64;
                 // Peak-EWMA: jump up to a worse sample at once, decay towards better ones.
-                if sample > s.ewma_ns {
-                    s.ewma_ns = sample;
+                let faded = s.estimate(now);
+                s.ewma_ns = if sample > faded {
+                    sample
                 } else {
                     let w =
                         (-(now.duration_since(s.stamp).as_secs_f64()) / DECAY.as_secs_f64()).exp();
-                    s.ewma_ns = s.ewma_ns * w + sample * (1.0 - w);
-                }
+                    s.ewma_ns * w + sample * (1.0 - w)
+                };
                 s.stamp = now;
                 s.failed_at = None;
             }
@@ -195,6 +204,32 @@ mod tests {
             drop(p);
         }
         assert_eq!(fast, 100, "with two endpoints, p2c always compares both");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_endpoint_left_alone_is_tried_again() {
+        let b = Balancer::default();
+        let eps = addrs(2);
+        for (i, rtt) in [(0usize, 100u64), (1, 1)] {
+            let (_, p) = b.pick(&eps[i..=i]).unwrap();
+            tokio::time::advance(Duration::from_millis(rtt)).await;
+            p.success();
+        }
+        // Endpoint 1 keeps answering in 1 ms; endpoint 0's 100 ms fades while unused.
+        let mut slow_picked_at = None;
+        for step in 0..600 {
+            let (i, p) = b.pick(&eps).unwrap();
+            tokio::time::advance(Duration::from_millis(if i == 0 { 100 } else { 1 })).await;
+            p.success();
+            if i == 0 {
+                slow_picked_at = Some(step);
+                break;
+            }
+            tokio::time::advance(Duration::from_millis(99)).await;
+        }
+        // ln(100) × 10 s ≈ 46 s of 100 ms steps: tried again after ~460 steps, not never.
+        let step = slow_picked_at.expect("the once-slow endpoint was never tried again");
+        assert!((400..=500).contains(&step), "tried again at step {step}");
     }
 
     #[tokio::test(start_paused = true)]
