@@ -274,7 +274,8 @@ pub async fn execute(
 
 /// `ambit edges`.
 pub fn run(args: EdgesArgs) -> anyhow::Result<()> {
-    let source = Flags(&args.proxies.proxy_admin);
+    let urls = args.proxies.urls();
+    let source = Flags(&urls);
     let text = crate::stat::runtime()?.block_on(execute(&args, &source, &mut std::io::stderr()))?;
     crate::stat::print(&text)
 }

@@ -9,8 +9,10 @@
 //!   `/metrics` (`ambit stat`).
 //! - `edges`: who talks to whom, with the identities and whether the hop was mTLS
 //!   (`ambit edges`).
+//! - `demo`: the whole mesh on this machine, with a sample application (`ambit demo`).
 
 mod check;
+mod demo;
 mod edges;
 mod pki;
 mod stat;
@@ -50,6 +52,10 @@ enum Command {
     /// proxies' `/metrics`: the identity the server saw (CLIENT_ID), the one the client
     /// required (SERVER_ID), and SECURED √ when the hop was mTLS.
     Edges(edges::EdgesArgs),
+    /// Run the whole mesh on this machine: two nodes, the control plane, two node proxies
+    /// and a sample application with load (`up`, `down`, `exec`); alone, `up`, a refreshing
+    /// `ambit stat` until Ctrl-C, then `down`.
+    Demo(demo::DemoArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -61,5 +67,9 @@ fn main() -> anyhow::Result<()> {
         }
         Command::Stat(args) => stat::run(args),
         Command::Edges(args) => edges::run(args),
+        Command::Demo(args) => {
+            let code = demo::run(args)?;
+            std::process::exit(code)
+        }
     }
 }

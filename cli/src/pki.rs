@@ -16,6 +16,10 @@ pub const TRUST_ANCHOR_KEY: &str = "trust-anchor.key";
 pub const ISSUER_CERT: &str = "issuer.crt";
 /// The issuer key.
 pub const ISSUER_KEY: &str = "issuer.key";
+/// The trust anchor's default lifetime (10 years).
+const DEFAULT_ANCHOR_LIFETIME: Duration = Duration::from_secs(3650 * 86_400);
+/// The issuer's default lifetime (1 year).
+const DEFAULT_ISSUER_LIFETIME: Duration = Duration::from_secs(365 * 86_400);
 
 #[derive(Debug, clap::Subcommand)]
 pub enum PkiCommand {
@@ -57,7 +61,7 @@ pub fn run(cmd: PkiCommand) -> anyhow::Result<()> {
     }
 }
 
-fn init(
+fn generate_into(
     out: &Path,
     trust_domain: &str,
     force: bool,
@@ -93,6 +97,29 @@ fn init(
     write(&out.join(TRUST_ANCHOR_KEY), &anchor.key_pem, 0o600)?;
     write(&out.join(ISSUER_CERT), &issuer.cert_pem, 0o644)?;
     write(&out.join(ISSUER_KEY), &issuer.key_pem, 0o600)?;
+    Ok(())
+}
+
+/// A new PKI in `out` with the default trust domain and lifetimes, printing nothing (for
+/// `ambit demo`).
+pub fn init_quiet(out: &Path) -> anyhow::Result<()> {
+    generate_into(
+        out,
+        ambit_api::DEFAULT_TRUST_DOMAIN,
+        true,
+        DEFAULT_ANCHOR_LIFETIME,
+        DEFAULT_ISSUER_LIFETIME,
+    )
+}
+
+fn init(
+    out: &Path,
+    trust_domain: &str,
+    force: bool,
+    anchor_lifetime: Duration,
+    issuer_lifetime: Duration,
+) -> anyhow::Result<()> {
+    generate_into(out, trust_domain, force, anchor_lifetime, issuer_lifetime)?;
     println!(
         "wrote {} (trust domain {trust_domain}):\n  {TRUST_ANCHOR_CERT}  trust anchor: give it to every proxy and to ambit-control as --trust-anchors\n  {TRUST_ANCHOR_KEY}  its key: keep it offline\n  {ISSUER_CERT}, {ISSUER_KEY}  issuer: ambit-control --issuer-cert / --issuer-key",
         out.display()

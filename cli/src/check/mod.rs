@@ -8,7 +8,7 @@
 //! - `trust`: the PKI files (anchors and issuer: validity, chain).
 //! - `live`: the control plane and (`--proxy`) the node proxies, as they run.
 
-mod live;
+pub(crate) mod live;
 mod pre;
 mod report;
 mod trust;
@@ -57,23 +57,72 @@ pub struct CheckArgs {
     /// The mesh's trust domain.
     #[arg(long, default_value = ambit_api::DEFAULT_TRUST_DOMAIN)]
     pub trust_domain: String,
-    /// The control plane's identity service (it speaks only TLS).
-    #[arg(long, default_value = "https://127.0.0.1:8080")]
-    pub identity_url: String,
-    /// The control plane's admin server (`/ready`, `/version`).
-    #[arg(long, default_value = "http://127.0.0.1:9990")]
-    pub control_admin: String,
+    /// The control plane's identity service (it speaks only TLS) [default: the running
+    /// demo's, else https://127.0.0.1:8080].
+    #[arg(long)]
+    pub identity_url: Option<String>,
+    /// The control plane's admin server (`/ready`, `/version`) [default: the running
+    /// demo's, else http://127.0.0.1:9990].
+    #[arg(long)]
+    pub control_admin: Option<String>,
     /// The identity the control plane must prove (default
     /// `spiffe://<trust domain>/ns/ambit/sa/ambit-control`).
     #[arg(long)]
     pub control_identity: Option<String>,
-    /// The node proxies' admin servers (`--proxy`).
-    #[arg(long = "proxy-admin", num_args = 1.., default_value = "http://127.0.0.1:4191")]
+    /// The node proxies' admin servers (`--proxy`) [default: the running demo's, else
+    /// http://127.0.0.1:4191].
+    #[arg(long = "proxy-admin", num_args = 1..)]
     pub proxy_admin: Vec<String>,
+}
+
+impl CheckArgs {
+    /// What was not given, from the running demo (`ambit demo up`) if there is one, else
+    /// the defaults of a node of a cluster.
+    fn with_defaults(mut self) -> Self {
+        let demo = match crate::demo::state::State::load() {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("ignoring the demo's state: {e:#}");
+                None
+            }
+        };
+        if let Some(d) = demo.as_ref().filter(|_| self.pre) {
+            eprintln!("(the running demo's nodes, unless flags say otherwise)");
+            self.node.demo = true;
+            if let Some(node) = d.nodes.first() {
+                self.node.cgroup_path.get_or_insert(node.cgroup.clone());
+            }
+        }
+        if let Some(d) = demo.filter(|_| !self.pre) {
+            eprintln!(
+                "(the running demo's PKI, control plane and proxies, unless flags say otherwise)"
+            );
+            self.trust_anchors
+                .get_or_insert(d.control.trust_anchors.clone());
+            self.issuer_cert
+                .get_or_insert(d.control.issuer_cert.clone());
+            self.identity_url
+                .get_or_insert(d.control.identity_url.clone());
+            self.control_admin
+                .get_or_insert(d.control.admin_url.clone());
+            if self.proxy_admin.is_empty() {
+                self.proxy_admin = d.proxy_admins();
+            }
+        }
+        self.identity_url
+            .get_or_insert_with(|| "https://127.0.0.1:8080".into());
+        self.control_admin
+            .get_or_insert_with(|| "http://127.0.0.1:9990".into());
+        if self.proxy_admin.is_empty() {
+            self.proxy_admin = vec!["http://127.0.0.1:4191".into()];
+        }
+        self
+    }
 }
 
 /// Runs the checks; prints the report; returns the exit status.
 pub fn run(args: CheckArgs) -> anyhow::Result<i32> {
+    let args = args.with_defaults();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -131,8 +180,8 @@ async fn collect(args: &CheckArgs) -> anyhow::Result<Report> {
         .context("--trust-domain")?,
     };
     let (checks, version) = live::control_plane(
-        &args.control_admin,
-        &args.identity_url,
+        args.control_admin.as_deref().unwrap_or_default(),
+        args.identity_url.as_deref().unwrap_or_default(),
         &bundle,
         &control_id,
     )

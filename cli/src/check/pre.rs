@@ -14,15 +14,19 @@ pub const EBPF_KERNEL: (u32, u32) = (5, 14);
 #[derive(Clone, Debug, clap::Args)]
 pub struct PreArgs {
     /// The cgroup v2 hierarchy the outbound eBPF programs attach to (the proxy's
-    /// `--cgroup-path`).
-    #[arg(long, default_value = "/sys/fs/cgroup")]
-    pub cgroup_path: PathBuf,
+    /// `--cgroup-path`) [default: the running demo's node cgroup, else /sys/fs/cgroup].
+    #[arg(long)]
+    pub cgroup_path: Option<PathBuf>,
     /// Where bpffs is (or will be) mounted.
     #[arg(long, default_value = "/sys/fs/bpf")]
     pub bpffs: PathBuf,
-    /// The node's CNI configuration directory.
-    #[arg(long, default_value = "/etc/cni/net.d")]
-    pub cni_conf_dir: PathBuf,
+    /// The node's CNI configuration directory [default: /etc/cni/net.d; none for the
+    /// running demo, whose pods do not arrive through CNI].
+    #[arg(long)]
+    pub cni_conf_dir: Option<PathBuf>,
+    /// Checking the running demo's nodes (`ambit demo up`), not a cluster's.
+    #[arg(skip)]
+    pub demo: bool,
 }
 
 /// "6.1.0-18-amd64" → (6, 1).
@@ -191,11 +195,20 @@ pub fn checks(args: &PreArgs) -> Vec<Check> {
     vec![
         kernel(),
         btf(),
-        cgroup_v2(&args.cgroup_path),
+        cgroup_v2(
+            args.cgroup_path
+                .as_deref()
+                .unwrap_or(Path::new("/sys/fs/cgroup")),
+        ),
         bpffs(&args.bpffs),
         programs_load(&args.bpffs),
         nftables(),
-        primary_cni(&args.cni_conf_dir),
+        match (&args.cni_conf_dir, args.demo) {
+            (None, true) => Check::ok(
+                "no primary CNI configuration needed: the demo's pods are enrolled by their node proxies, not through CNI",
+            ),
+            (dir, _) => primary_cni(dir.as_deref().unwrap_or(Path::new("/etc/cni/net.d"))),
+        },
         clock(),
     ]
 }

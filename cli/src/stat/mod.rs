@@ -32,13 +32,9 @@ use std::time::Duration;
 #[derive(Debug, clap::Args)]
 pub struct ProxyArgs {
     /// The node proxies' admin servers, one per node (http://HOST:4191); several may follow
-    /// one flag, or repeat it.
-    #[arg(
-        long = "proxy-admin",
-        value_name = "URL",
-        num_args = 1..,
-        default_value = "http://127.0.0.1:4191"
-    )]
+    /// one flag, or repeat it [default: the running demo's proxies, else
+    /// http://127.0.0.1:4191].
+    #[arg(long = "proxy-admin", value_name = "URL", num_args = 1..)]
     pub proxy_admin: Vec<String>,
     /// How long each proxy may take to answer.
     #[arg(long, default_value = "5s", value_parser = ambit_api::duration::parse_duration)]
@@ -92,6 +88,22 @@ pub struct StatArgs {
     pub output: Format,
     #[command(flatten)]
     pub proxies: ProxyArgs,
+}
+
+impl ProxyArgs {
+    /// The admin URLs to scrape: `--proxy-admin`'s; else the running demo's proxies
+    /// (`ambit demo up`); else the node's own proxy on 127.0.0.1:4191.
+    pub fn urls(&self) -> Vec<String> {
+        if !self.proxy_admin.is_empty() {
+            return self.proxy_admin.clone();
+        }
+        match crate::demo::state::State::load() {
+            Ok(Some(demo)) => return demo.proxy_admins(),
+            Ok(None) => {}
+            Err(e) => eprintln!("ignoring the demo's state: {e:#}"),
+        }
+        vec!["http://127.0.0.1:4191".into()]
+    }
 }
 
 fn window(s: &str) -> Result<Duration, String> {
@@ -226,7 +238,8 @@ pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 
 /// `ambit stat`.
 pub fn run(args: StatArgs) -> anyhow::Result<()> {
-    let source = scrape::Flags(&args.proxies.proxy_admin);
+    let urls = args.proxies.urls();
+    let source = scrape::Flags(&urls);
     let text = runtime()?.block_on(execute(&args, &source, &mut std::io::stderr()))?;
     print(&text)
 }

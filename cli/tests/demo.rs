@@ -1,0 +1,398 @@
+//! `ambit demo` end to end (issue 11's proof), with the real binaries as a user runs them:
+//! `ambit demo up`; `ambit stat -o json` shows requests for every workload and the failing
+//! catalog replica's success rate as it injects failures; `ambit check --pre` and `ambit
+//! check --proxy` find nothing wrong (no ×); a Prometheus server (Debian's `prometheus`)
+//! scrapes both node proxies as the chart's scrape annotations say and its PromQL agrees
+//! with `ambit stat`; `ambit demo down` leaves nothing behind.
+//!
+//! The demo's names and ports are fixed (one demo per machine), so this is the one test
+//! that starts it. Needs root, and ambit-control and ambit-proxy built beside `ambit`
+//! (scripts/test.sh builds them).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+fn ambit() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_ambit"))
+}
+
+fn run(args: &[&str]) -> Output {
+    Command::new(ambit())
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("ambit {args:?}: {e}"))
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// Takes the demo down when the test ends, also when it fails.
+struct Down;
+
+impl Drop for Down {
+    fn drop(&mut self) {
+        let _ = run(&["demo", "down"]);
+    }
+}
+
+/// The processes of the demo's state file.
+fn demo_pids() -> Vec<(u32, u64)> {
+    let state: Value =
+        serde_json::from_slice(&std::fs::read("/run/ambit-demo/state.json").unwrap()).unwrap();
+    state["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p["pid"].as_u64().unwrap() as u32,
+                p["start_time"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// `ambit stat pod -n demo -o json` over `window`: the rows by pod name.
+fn stat_pods(window: &str) -> Vec<Value> {
+    let out = run(&["stat", "pod", "-n", "demo", "-t", window, "-o", "json"]);
+    assert!(out.status.success(), "{}", text(&out));
+    serde_json::from_slice::<Value>(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", text(&out)))
+        .as_array()
+        .unwrap()
+        .clone()
+}
+
+fn row<'a>(rows: &'a [Value], pod_prefix: &str) -> Option<&'a Value> {
+    rows.iter()
+        .find(|r| r["name"].as_str().unwrap_or("").starts_with(pod_prefix))
+}
+
+const FAILING: &str = "catalog-84d7b6c9f-h5j6k";
+
+#[test]
+fn demo_up_stat_check_prometheus_down() {
+    let bin_dir = ambit().parent().unwrap().to_path_buf();
+    for bin in ["ambit-control", "ambit-proxy"] {
+        assert!(
+            bin_dir.join(bin).is_file(),
+            "{bin} must be built beside ambit: cargo build -p ambit-control -p ambit-proxy"
+        );
+    }
+    let _down = Down;
+    let out = run(&["demo", "up", "--bin-dir", bin_dir.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out));
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.contains("The Ambit demo runs"), "{said}");
+    assert!(said.contains("/run/ambit-demo/cluster/demo.yaml"), "{said}");
+    let pids = demo_pids();
+    assert_eq!(
+        pids.len(),
+        8,
+        "control plane, two proxies, five pods: {pids:?}"
+    );
+
+    // Every workload serves requests; the failing replica's success rate is what it
+    // injects (20 % failures, exactly 20 of any 100 in a row), the other's is 100 %.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let rows = loop {
+        let rows = stat_pods("10s");
+        let served = ["load-", "web-", "api-", "catalog-84d7b6c9f-a1b2c", FAILING]
+            .iter()
+            .all(|p| {
+                row(&rows, p).is_some_and(|r| {
+                    // The load generator only sends: its row counts what it receives.
+                    *p == "load-" || r["requests"].as_f64().unwrap_or(0.0) >= 20.0
+                })
+            });
+        if served {
+            break rows;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not every workload served: {rows:#?}"
+        );
+    };
+    let failing = row(&rows, FAILING).unwrap();
+    let rate = failing["success_rate"].as_f64().unwrap();
+    assert!(
+        (rate - 0.8).abs() <= 0.06,
+        "the failing replica: {failing:#}"
+    );
+    let healthy = row(&rows, "catalog-84d7b6c9f-a1b2c").unwrap();
+    assert_eq!(healthy["success_rate"].as_f64(), Some(1.0), "{healthy:#}");
+    assert_eq!(
+        failing["tls_share"].as_f64(),
+        Some(1.0),
+        "mTLS: {failing:#}"
+    );
+    let out = run(&["stat", "deploy", "-n", "demo", "-t", "5s", "-o", "json"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let deploys: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    for w in ["web", "api", "catalog"] {
+        let r = deploys.iter().find(|r| r["name"] == w);
+        assert!(
+            r.is_some_and(
+                |r| r["meshed_pods"].as_u64() >= Some(1) && r["requests"].as_f64() > Some(0.0)
+            ),
+            "deploy/{w}: {deploys:#?}"
+        );
+    }
+    let out = run(&["edges", "deploy", "-n", "demo", "-o", "json"]);
+    assert!(out.status.success(), "{}", text(&out));
+
+    // Checks: nothing is wrong (a ‼ is this machine's: cgroup v1 hybrid, an unsynced clock).
+    for args in [&["check", "--pre"][..], &["check", "--proxy"][..]] {
+        let out = run(args);
+        let t = text(&out);
+        assert!(out.status.success(), "ambit {args:?}: {t}");
+        assert!(!t.contains('×'), "ambit {args:?}: {t}");
+    }
+    let out = run(&["check", "--proxy", "-o", "json"]);
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let proxies = report["categories"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["categoryName"] == "ambit-proxy")
+        .unwrap_or_else(|| panic!("{report:#}"));
+    let passed = proxies["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["result"] == "success")
+        .count();
+    assert!(passed >= 2, "both proxies checked: {proxies:#}");
+
+    prometheus_agrees_with_stat();
+
+    // A command run as a demo pod's process goes through the mesh.
+    let out = run(&[
+        "demo",
+        "exec",
+        "load",
+        "--",
+        "curl",
+        "-sS",
+        "-m",
+        "10",
+        "http://10.96.80.10/",
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+
+    let out = run(&["demo", "down"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("removed the demo"));
+    assert_nothing_left(&pids);
+    // Down again: nothing to do, and it says so.
+    let out = run(&["demo", "down"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("no demo to remove"));
+}
+
+/// `up` after a crash (a killed terminal: the demo's processes gone, everything else
+/// left) cleans the stale demo first; `down` removes what a crashed `up` left.
+fn assert_nothing_left(pids: &[(u32, u64)]) {
+    let netns: Vec<String> = std::fs::read_dir("/run/netns")
+        .map(|d| {
+            d.filter_map(|e| e.ok()?.file_name().into_string().ok())
+                .filter(|n| n.starts_with("ambit-demo-"))
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(netns.is_empty(), "network namespaces left: {netns:?}");
+    let cg = ambit_ebpf::sys::cgroup2_mount().join("ambit-demo");
+    assert!(!cg.exists(), "cgroup left: {}", cg.display());
+    for node in ["node-a", "node-b"] {
+        let pins = format!("/sys/fs/bpf/ambit-demo-{node}");
+        assert!(!Path::new(&pins).exists(), "pins left: {pins}");
+    }
+    assert!(!Path::new("/run/ambit-demo").exists(), "directory left");
+    for (pid, start) in pids {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let alive = stat
+            .rsplit_once(')')
+            .and_then(|(_, r)| r.split_whitespace().nth(19)?.parse::<u64>().ok())
+            == Some(*start);
+        assert!(!alive, "process {pid} left");
+    }
+}
+
+/// Prometheus scrapes both node proxies, configured as the chart's annotations say (path
+/// /metrics); every target is up with no scrape error, and PromQL's success rate, RPS and
+/// p99 of the front end over a window agree with `ambit stat` over the same window.
+fn prometheus_agrees_with_stat() {
+    let state: Value =
+        serde_json::from_slice(&std::fs::read("/run/ambit-demo/state.json").unwrap()).unwrap();
+    let targets: Vec<String> = state["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| {
+            n["admin_url"]
+                .as_str()
+                .unwrap()
+                .trim_start_matches("http://")
+                .to_string()
+        })
+        .collect();
+    let chart = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../helm/ambit/templates/proxy.yaml"),
+    )
+    .unwrap();
+    let path = chart
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("prometheus.io/path:"))
+        .expect("the chart's scrape path annotation")
+        .trim()
+        .to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("prometheus.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "global: {{scrape_interval: 1s, evaluation_interval: 1s}}\n\
+             scrape_configs:\n- job_name: ambit-proxy\n  metrics_path: {path}\n  \
+             static_configs: [{{targets: {targets:?}}}]\n"
+        ),
+    )
+    .unwrap();
+    let listen = "127.0.0.1:19099";
+    let mut prom = Command::new("prometheus")
+        .arg(format!("--config.file={}", config.display()))
+        .arg(format!(
+            "--storage.tsdb.path={}",
+            dir.path().join("data").display()
+        ))
+        .arg(format!("--web.listen-address={listen}"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(dir.path().join("prometheus.log")).unwrap())
+        .spawn()
+        .expect("prometheus (Debian's prometheus package) must be installed");
+    struct Kill<'a>(&'a mut std::process::Child);
+    impl Drop for Kill<'_> {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _kill = Kill(&mut prom);
+    let query = |q: &str, time: Option<f64>| -> Value {
+        let mut args = vec![
+            "-sS".to_string(),
+            "-m".into(),
+            "10".into(),
+            "-G".into(),
+            format!("http://{listen}/api/v1/query"),
+            "--data-urlencode".into(),
+            format!("query={q}"),
+        ];
+        if let Some(t) = time {
+            args.extend(["--data-urlencode".into(), format!("time={t}")]);
+        }
+        let out = Command::new("curl").args(&args).output().unwrap();
+        serde_json::from_slice(&out.stdout).unwrap_or(Value::Null)
+    };
+    // Every target up, scraped without an error, with 30 s of samples.
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let out = Command::new("curl")
+            .args([
+                "-sS",
+                "-m",
+                "10",
+                &format!("http://{listen}/api/v1/targets"),
+            ])
+            .output()
+            .unwrap();
+        let t: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+        let active = t["data"]["activeTargets"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        let up = active.len() == 2
+            && active
+                .iter()
+                .all(|a| a["health"] == "up" && a["lastError"] == "");
+        if up {
+            let samples = query("count_over_time(up[40s])", None);
+            let full = samples["data"]["result"].as_array().is_some_and(|r| {
+                r.len() == 2
+                    && r.iter().all(|s| {
+                        s["value"][1].as_str().and_then(|v| v.parse::<f64>().ok()) >= Some(30.0)
+                    })
+            });
+            if full {
+                break;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "prometheus targets: {t:#}\n{}",
+            std::fs::read_to_string(dir.path().join("prometheus.log")).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    // The same window: `ambit stat -t 30s`, then PromQL's increase over the 30 s before
+    // the moment it ended.
+    let rows = stat_pods("30s");
+    let end = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    // The front end: steady traffic (20 requests/s) whose failures are the failing
+    // catalog replica's, in the share the balancer sends it.
+    let web = row(&rows, "web-").unwrap();
+    let sel = "direction=\"inbound\",namespace=\"demo\",workload=\"web\"";
+    let success = query(
+        &format!(
+            "sum(increase(response_total{{{sel},classification=\"success\"}}[30s])) / sum(increase(response_total{{{sel}}}[30s]))"
+        ),
+        Some(end),
+    );
+    let rps = query(
+        &format!("sum(rate(request_total{{{sel}}}[30s]))"),
+        Some(end),
+    );
+    let p99 = query(
+        &format!(
+            "histogram_quantile(0.99, sum by (le) (increase(response_latency_ms_bucket{{{sel}}}[30s])))"
+        ),
+        Some(end),
+    );
+    let value = |v: &Value| -> f64 {
+        v["data"]["result"][0]["value"][1]
+            .as_str()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("no PromQL result: {v:#}"))
+    };
+    let (p_success, p_rps, p_p99) = (value(&success), value(&rps), value(&p99));
+    let (s_success, s_rps, s_p99) = (
+        web["success_rate"].as_f64().unwrap(),
+        web["rps"].as_f64().unwrap(),
+        web["latency_ms_p99"].as_f64().unwrap(),
+    );
+    // Interpolating in the same buckets over nearly the same samples: close to each other.
+    assert!(
+        (p_p99 - s_p99).abs() <= (0.25 * s_p99).max(1.0),
+        "p99: PromQL {p_p99} ms, ambit stat {s_p99} ms"
+    );
+    assert!(
+        (p_success - s_success).abs() <= 0.05,
+        "success rate: PromQL {p_success}, ambit stat {s_success}"
+    );
+    assert!(
+        (p_rps - s_rps).abs() <= 0.25 * s_rps.max(p_rps),
+        "RPS: PromQL {p_rps}, ambit stat {s_rps}"
+    );
+}
