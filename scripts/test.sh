@@ -10,45 +10,13 @@ cd "$(dirname "$0")/.."
 
 log() { printf '\n==> %s\n' "$*"; }
 
-# --- Debian packages -----------------------------------------------------------------
-# protobuf-compiler: tonic/prost code generation; openssl: chain checks in the tests;
-# iproute2, nftables, curl: the network-namespace tests (pods as netns, redirection rules,
-# a real HTTP client through the mesh); containernetworking-plugins: the real CNI plugins
-# (bridge, host-local, loopback) ambit-cni is chained with; python3: test clients.
-packages=(protobuf-compiler openssl iproute2 nftables curl containernetworking-plugins python3
-    python3-venv)
-missing=()
-for p in "${packages[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if ((${#missing[@]})); then
-    log "installing Debian packages: ${missing[*]}"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
-    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-fi
-
-# --- Rust components -----------------------------------------------------------------
-for c in rustfmt clippy; do
-    rustup component list --installed 2>/dev/null | grep -q "^$c" || rustup component add "$c"
-done
-
-# The eBPF programs: nightly rust-src and bpf-linker (ebpf/build.rs compiles them).
-log "eBPF toolchain"
-./scripts/install-bpf-toolchain.sh
-rustup component list --toolchain nightly --installed 2>/dev/null | grep -q '^clippy' \
-    || rustup component add clippy --toolchain nightly
-rustup component list --toolchain nightly --installed 2>/dev/null | grep -q '^rustfmt' \
-    || rustup component add rustfmt --toolchain nightly
-
 if [ "$(id -u)" != 0 ]; then
     echo "the network-namespace tests need root (as on the developer machines and in CI)" >&2
     exit 1
 fi
 
-# bpffs for the eBPF pins (the loader mounts it too; once here, before tests run in
-# parallel).
-mountpoint -q /sys/fs/bpf || mount -t bpf bpf /sys/fs/bpf
+# --- What the suite needs: Debian packages, the eBPF toolchain, rustfmt and clippy ---------
+./scripts/install-deps.sh --tests
 
 # --- Checks --------------------------------------------------------------------------
 log "cargo fmt --check"
@@ -72,6 +40,8 @@ export AMBIT_PYTHON
 ./scripts/check-dockerfile.sh
 
 log "cargo test"
+# The binaries the demo's end-to-end test (cli/tests/demo.rs) runs beside `ambit`.
+cargo build --locked -p ambit-control -p ambit-proxy
 cargo test --workspace --locked
 
 log "all checks passed"
