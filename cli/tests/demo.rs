@@ -95,12 +95,22 @@ fn demo_up_stat_check_prometheus_down() {
     let said = String::from_utf8_lossy(&out.stdout);
     assert!(said.contains("The Ambit demo runs"), "{said}");
     assert!(said.contains("/run/ambit-demo/cluster/demo.yaml"), "{said}");
-    let pids = demo_pids();
+    let first = demo_pids();
     assert_eq!(
-        pids.len(),
+        first.len(),
         8,
-        "control plane, two proxies, five pods: {pids:?}"
+        "control plane, two proxies, five pods: {first:?}"
     );
+    // `up` over a running (or crashed) demo removes it first, by its state file.
+    let out = run(&["demo", "up", "--bin-dir", bin_dir.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("removed a stale demo first"),
+        "{}",
+        text(&out)
+    );
+    assert_nothing_left_of(&first);
+    let pids = demo_pids();
 
     // Every workload serves requests; the failing replica's success rate is what it
     // injects (20 % failures, exactly 20 of any 100 in a row), the other's is 100 %.
@@ -190,6 +200,9 @@ fn demo_up_stat_check_prometheus_down() {
     ]);
     assert!(out.status.success(), "{}", text(&out));
 
+    // A crash that lost the state file: `down` finds everything by name (the processes
+    // through the demo's cgroups).
+    std::fs::remove_file("/run/ambit-demo/state.json").unwrap();
     let out = run(&["demo", "down"]);
     assert!(out.status.success(), "{}", text(&out));
     assert!(String::from_utf8_lossy(&out.stdout).contains("removed the demo"));
@@ -200,8 +213,21 @@ fn demo_up_stat_check_prometheus_down() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("no demo to remove"));
 }
 
-/// `up` after a crash (a killed terminal: the demo's processes gone, everything else
-/// left) cleans the stale demo first; `down` removes what a crashed `up` left.
+/// None of these processes (pid and start time) runs any more.
+fn assert_nothing_left_of(pids: &[(u32, u64)]) {
+    for (pid, start) in pids {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        // Not running: gone, or a zombie nobody reaped (the state after the name).
+        let alive = stat.rsplit_once(')').is_some_and(|(_, r)| {
+            let f: Vec<&str> = r.split_whitespace().collect();
+            f.first() != Some(&"Z") && f.get(19).and_then(|t| t.parse::<u64>().ok()) == Some(*start)
+        });
+        assert!(!alive, "process {pid} left");
+    }
+}
+
+/// Nothing of the demo is left: network namespaces, cgroups, pins, its directory, its
+/// processes.
 fn assert_nothing_left(pids: &[(u32, u64)]) {
     let netns: Vec<String> = std::fs::read_dir("/run/netns")
         .map(|d| {
@@ -218,14 +244,7 @@ fn assert_nothing_left(pids: &[(u32, u64)]) {
         assert!(!Path::new(&pins).exists(), "pins left: {pins}");
     }
     assert!(!Path::new("/run/ambit-demo").exists(), "directory left");
-    for (pid, start) in pids {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        let alive = stat
-            .rsplit_once(')')
-            .and_then(|(_, r)| r.split_whitespace().nth(19)?.parse::<u64>().ok())
-            == Some(*start);
-        assert!(!alive, "process {pid} left");
-    }
+    assert_nothing_left_of(pids);
 }
 
 /// Prometheus scrapes both node proxies, configured as the chart's annotations say (path

@@ -128,12 +128,16 @@ impl State {
     }
 }
 
-/// The start time of process `pid` (clock ticks after boot), if it runs.
+/// The start time of process `pid` (clock ticks after boot), if it runs (a zombie, which
+/// has exited but not been reaped, does not).
 pub fn start_time(pid: u32) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name (field 2) may hold spaces and parentheses: count from its end.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    rest.split_whitespace().nth(19)?.parse().ok()
+    let mut fields = stat[stat.rfind(')')? + 1..].split_whitespace();
+    if fields.next()? == "Z" {
+        return None;
+    }
+    fields.nth(18)?.parse().ok()
 }
 
 #[cfg(test)]

@@ -298,7 +298,7 @@ fn wait_ready(url: &str, what: &str, s: &State) -> anyhow::Result<()> {
     let mut last = String::new();
     while Instant::now() < deadline {
         if let Some(p) = s.processes.iter().rev().find(|p| p.name == what) {
-            if state::start_time(p.pid) != Some(p.start_time) || exited(p.pid) {
+            if state::start_time(p.pid) != Some(p.start_time) {
                 bail!("{what} exited; its log: {log}\n{}", tail(&p.log));
             }
         }
@@ -310,16 +310,6 @@ fn wait_ready(url: &str, what: &str, s: &State) -> anyhow::Result<()> {
         std::thread::sleep(Duration::from_millis(200));
     }
     bail!("{what} was not ready within {STEP_TIMEOUT:?} ({url}: {last}); its log: {log}")
-}
-
-/// Whether `pid` (a child of ours) has exited: a zombie.
-fn exited(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map(|s| {
-            s.rsplit_once(')')
-                .is_some_and(|(_, r)| r.trim_start().starts_with('Z'))
-        })
-        .unwrap_or(true)
 }
 
 /// The last lines of a log.
