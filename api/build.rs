@@ -2,7 +2,11 @@
 //! script installs Debian's `protobuf-compiler`). Nothing generated is committed.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let protos = ["proto/identity.proto", "proto/discovery.proto"];
+    let protos = [
+        "proto/identity.proto",
+        "proto/discovery.proto",
+        "proto/policy.proto",
+    ];
     for p in protos {
         println!("cargo:rerun-if-changed={p}");
     }

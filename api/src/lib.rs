@@ -29,6 +29,12 @@ pub mod proto {
         #![allow(missing_docs, clippy::all, missing_debug_implementations)]
         tonic::include_proto!("ambit.identity.v1");
     }
+
+    /// The inbound policy service, `ambit.policy.v1`.
+    pub mod policy {
+        #![allow(missing_docs, clippy::all, missing_debug_implementations)]
+        tonic::include_proto!("ambit.policy.v1");
+    }
 }
 
 pub use identity::{
