@@ -21,6 +21,9 @@
 //! - [`limits`]: connection budgets per pod and per node, out of the descriptor limit.
 //! - [`pods`]: the pod lifecycle — which local pods are served, and how each one ends
 //!   (redirection removed, or kept and failing closed).
+//! - [`policy`]: the inbound policy the control plane streams, and matching a client
+//!   against it.
+//! - [`stream`]: what the streams from the control plane share (reconnection, chunks).
 //! - [`proxy`]: the data path — the in-pod listeners, the mesh tunnel, L7.
 //! - [`netns`]: sockets inside a pod's network namespace.
 
@@ -36,7 +39,9 @@ pub mod limits;
 pub mod logging;
 pub mod netns;
 pub mod pods;
+pub mod policy;
 pub mod proxy;
+pub mod stream;
 pub mod tls;
 pub mod token;
 

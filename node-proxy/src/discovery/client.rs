@@ -1,6 +1,7 @@
 //! The discovery stream client, with reconnection and backoff.
 
 use super::DiscoveryState;
+use crate::stream::{Chunks, Reconnect};
 use crate::token::TokenSource;
 use ambit_api::proto::discovery::discovery_client::DiscoveryClient as PbClient;
 use ambit_api::proto::discovery::WatchRequest;
@@ -89,33 +90,16 @@ impl DiscoveryClient {
         metrics: DiscoveryMetrics,
         shutdown: impl Future<Output = ()>,
     ) {
-        tokio::pin!(shutdown);
-        let mut backoff = self.backoff_initial;
-        let mut first = true;
-        loop {
-            if !first {
-                metrics.reconnects.inc();
-            }
-            first = false;
-            tokio::select! {
-                _ = &mut shutdown => return,
-                result = self.stream(&state, &metrics) => {
-                    metrics.connected.set(0);
-                    match result {
-                        // The stream delivered something: start the backoff afresh.
-                        Ok(true) => backoff = self.backoff_initial,
-                        Ok(false) => {}
-                        Err(error) => tracing::warn!(%error, retry_in = ?backoff, "discovery stream failed; keeping the last state"),
-                    }
-                }
-            }
-            let delay = backoff + backoff.mul_f64(fastrand::f64() * 0.1);
-            tokio::select! {
-                _ = &mut shutdown => return,
-                _ = tokio::time::sleep(delay) => {}
-            }
-            backoff = (backoff * 2).min(self.backoff_max);
-        }
+        let reconnect = Reconnect {
+            name: "discovery",
+            reconnects: metrics.reconnects.clone(),
+            connected: metrics.connected.clone(),
+            backoff_initial: self.backoff_initial,
+            backoff_max: self.backoff_max,
+        };
+        reconnect
+            .run(|| self.stream(&state, &metrics), shutdown)
+            .await;
     }
 
     /// One stream, until it ends; `Ok(true)` if it delivered at least one update.
@@ -138,7 +122,7 @@ impl DiscoveryClient {
             .into_inner();
         metrics.connected.set(1);
         let mut delivered = false;
-        let mut chunks = super::chunks::Chunks::default();
+        let mut chunks = Chunks::default();
         loop {
             let update = match stream.message().await {
                 Ok(Some(u)) => u,

@@ -4,7 +4,6 @@
 //! [`DiscoveryState`] and publishes it on a `watch` channel. While the control plane is
 //! away the last state stays in use; a reconnect brings a fresh snapshot.
 
-mod chunks;
 mod client;
 mod state;
 
@@ -12,3 +11,21 @@ pub use client::{DiscoveryClient, DiscoveryMetrics};
 pub use state::{
     Destination, DiscoveryState, Endpoint, InvalidResource, Service, ServicePort, Workload,
 };
+
+impl crate::stream::Chunked for ambit_api::proto::discovery::Update {
+    fn is_snapshot(&self) -> bool {
+        self.snapshot
+    }
+
+    fn more(&self) -> bool {
+        self.more
+    }
+
+    fn append(&mut self, mut later: Self) {
+        self.workloads.append(&mut later.workloads);
+        self.services.append(&mut later.services);
+        self.removed_workloads.append(&mut later.removed_workloads);
+        self.removed_services.append(&mut later.removed_services);
+        self.more = later.more;
+    }
+}

@@ -1,0 +1,164 @@
+//! What the proxy's streams from the control plane share (discovery, policy): one stream
+//! kept open with reconnection and jittered exponential backoff, and snapshots and deltas
+//! that arrive in chunks and must be applied whole.
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use std::future::Future;
+use std::time::Duration;
+
+/// An update that arrives in chunks: `more` set on every chunk but the last.
+pub trait Chunked: Sized {
+    /// The first chunk of a snapshot.
+    fn is_snapshot(&self) -> bool;
+    /// Whether more chunks follow.
+    fn more(&self) -> bool;
+    /// Adds the resources of a later chunk (and its `more`) to this one.
+    fn append(&mut self, later: Self);
+}
+
+/// Gathers chunks into whole updates. A partial snapshot applied as if complete would make
+/// every resource in the later chunks disappear for a moment — a pod that disappears from
+/// discovery loses its listeners, one that disappears from policy its authorizations.
+#[derive(Debug)]
+pub struct Chunks<T> {
+    pending: Option<T>,
+}
+
+impl<T> Default for Chunks<T> {
+    fn default() -> Self {
+        Self { pending: None }
+    }
+}
+
+impl<T: Chunked> Chunks<T> {
+    /// The update to apply once `update` has arrived, if any: a whole one when its last
+    /// chunk is in. A new snapshot drops a partial one; a stream that ends mid-update
+    /// leaves nothing applied (the next stream starts with a new snapshot).
+    pub fn push(&mut self, update: T) -> Option<T> {
+        if update.is_snapshot() {
+            self.pending = None;
+        }
+        let whole = match self.pending.take() {
+            Some(mut first) => {
+                first.append(update);
+                first
+            }
+            None => update,
+        };
+        if whole.more() {
+            self.pending = Some(whole);
+            None
+        } else {
+            Some(whole)
+        }
+    }
+}
+
+/// Reconnection state of one stream.
+#[derive(Clone, Debug)]
+pub struct Reconnect {
+    /// What the stream is, for logs.
+    pub name: &'static str,
+    /// Counts re-opened streams.
+    pub reconnects: Counter,
+    /// 1 while the stream is open.
+    pub connected: Gauge,
+    /// The first delay after a failure.
+    pub backoff_initial: Duration,
+    /// The longest delay.
+    pub backoff_max: Duration,
+}
+
+impl Reconnect {
+    /// Runs `open` (one stream until it ends: `Ok(true)` if it delivered something) again
+    /// and again until `shutdown` resolves, waiting a jittered, doubling delay between
+    /// attempts (reset after a stream that delivered).
+    pub async fn run<F, Fut>(&self, mut open: F, shutdown: impl Future<Output = ()>)
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<bool, String>>,
+    {
+        tokio::pin!(shutdown);
+        let mut backoff = self.backoff_initial;
+        let mut first = true;
+        loop {
+            if !first {
+                self.reconnects.inc();
+            }
+            first = false;
+            tokio::select! {
+                _ = &mut shutdown => return,
+                result = open() => {
+                    self.connected.set(0);
+                    match result {
+                        // The stream delivered something: start the backoff afresh.
+                        Ok(true) => backoff = self.backoff_initial,
+                        Ok(false) => {}
+                        Err(error) => tracing::warn!(stream = self.name, %error, retry_in = ?backoff, "stream failed; keeping the last state"),
+                    }
+                }
+            }
+            let delay = backoff + backoff.mul_f64(fastrand::f64() * 0.1);
+            tokio::select! {
+                _ = &mut shutdown => return,
+                _ = tokio::time::sleep(delay) => {}
+            }
+            backoff = (backoff * 2).min(self.backoff_max);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug)]
+    struct U {
+        snapshot: bool,
+        more: bool,
+        names: Vec<&'static str>,
+    }
+
+    impl Chunked for U {
+        fn is_snapshot(&self) -> bool {
+            self.snapshot
+        }
+        fn more(&self) -> bool {
+            self.more
+        }
+        fn append(&mut self, later: Self) {
+            self.names.extend(later.names);
+            self.more = later.more;
+        }
+    }
+
+    fn chunk(snapshot: bool, more: bool, names: &[&'static str]) -> U {
+        U {
+            snapshot,
+            more,
+            names: names.to_vec(),
+        }
+    }
+
+    #[test]
+    fn a_snapshot_is_applied_whole_and_deltas_pass_through() {
+        let mut c = Chunks::default();
+        assert_eq!(c.push(chunk(false, false, &["d"])).unwrap().names, ["d"]);
+        assert!(c.push(chunk(true, true, &["a"])).is_none());
+        assert!(c.push(chunk(false, true, &["b"])).is_none());
+        let whole = c.push(chunk(false, false, &["c"])).unwrap();
+        assert!(whole.snapshot && !whole.more);
+        assert_eq!(whole.names, ["a", "b", "c"]);
+        // A new snapshot that starts before the last one ended replaces it.
+        assert!(c.push(chunk(true, true, &["x"])).is_none());
+        let whole = c.push(chunk(true, false, &["y"])).unwrap();
+        assert_eq!(whole.names, ["y"]);
+        // A delta in chunks (a big change) is applied whole too.
+        assert!(c.push(chunk(false, true, &["d1"])).is_none());
+        assert!(c.push(chunk(false, true, &["d2"])).is_none());
+        let whole = c.push(chunk(false, false, &["d3"])).unwrap();
+        assert!(!whole.snapshot && !whole.more);
+        assert_eq!(whole.names, ["d1", "d2", "d3"]);
+    }
+}
