@@ -63,6 +63,8 @@ pub async fn run(
     let cni_metrics = crate::cni::CniMetrics::register(&mut registry);
     let enrol_metrics = crate::enrol::EnrolMetrics::register(&mut registry);
     let pod_metrics = crate::pods::PodMetrics::register(&mut registry);
+    let policy_metrics = crate::policy::PolicyMetrics::register(&mut registry);
+    let authz_metrics = crate::proxy::authz::AuthzMetrics::register(&mut registry);
     let fd_limit = crate::limits::raise_fd_limit();
     let max_connections = match config.max_connections {
         0 => crate::limits::connections_for(fd_limit),
@@ -108,8 +110,13 @@ pub async fn run(
         crate::control::channel(&config.identity_url, &bundle, control_id.clone(), timeout)
             .map_err(|e| AppError::Config(vec![format!("--identity-url: {e}")]))?;
     let discovery_channel =
-        crate::control::channel(&config.discovery_url, &bundle, control_id, timeout)
+        crate::control::channel(&config.discovery_url, &bundle, control_id.clone(), timeout)
             .map_err(|e| AppError::Config(vec![format!("--discovery-url: {e}")]))?;
+    let policy_channel = crate::control::channel(&config.policy_url, &bundle, control_id, timeout)
+        .map_err(|e| AppError::Config(vec![format!("--policy-url: {e}")]))?;
+    let fallback_policy = config
+        .fallback_policy()
+        .map_err(|e| AppError::Config(vec![e]))?;
     let ca = GrpcCaClient::new(identity_channel, token.clone());
     let identities =
         IdentityManager::new(Arc::new(ca), IdentityConfig::default(), identity_metrics);
@@ -126,8 +133,13 @@ pub async fn run(
     };
 
     let (state_tx, state_rx) = watch::channel(Arc::new(DiscoveryState::default()));
-    let discovery = DiscoveryClient::new(discovery_channel, token, config.node_name.clone());
+    let discovery =
+        DiscoveryClient::new(discovery_channel, token.clone(), config.node_name.clone());
     let discovery_task = tokio::spawn(discovery.run(state_tx, discovery_metrics, drained()));
+    let (policy_tx, policy_rx) =
+        watch::channel(Arc::new(crate::policy::PolicyState::new(fallback_policy)));
+    let policy = crate::policy::PolicyClient::new(policy_channel, token, config.node_name.clone());
+    let policy_task = tokio::spawn(policy.run(policy_tx, policy_metrics, drained()));
     let enrol_task = tokio::spawn(
         crate::enrol::Enroller {
             registry: pods.clone(),
@@ -185,6 +197,8 @@ pub async fn run(
                 limits: limits.clone(),
                 http_idle_timeout: config.http_idle_timeout,
                 outbound_unknown: config.outbound_unknown,
+                policy: policy_rx.clone(),
+                authz: authz_metrics,
             },
             cni: pods.subscribe(),
             serving: serving.clone(),
@@ -229,6 +243,7 @@ pub async fn run(
     tracing::info!("draining");
     drain_tx.send_replace(true);
     let _ = discovery_task.await;
+    let _ = policy_task.await;
     let _ = enrol_task.await;
     let _ = reconcile_task.await;
     let _ = pods_task.await;

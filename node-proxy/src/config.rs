@@ -58,6 +58,12 @@ pub mod env {
     pub const OUTBOUND_UNKNOWN: &str = "AMBIT_OUTBOUND_UNKNOWN";
     /// The only directory whose network namespaces discovery may name (local mode).
     pub const LOCAL_NETNS_DIR: &str = "AMBIT_LOCAL_NETNS_DIR";
+    /// The control plane's policy service.
+    pub const POLICY_URL: &str = "AMBIT_POLICY_URL";
+    /// The inbound policy of pods the control plane has sent none for.
+    pub const DEFAULT_INBOUND_POLICY: &str = "AMBIT_DEFAULT_INBOUND_POLICY";
+    /// The cluster's pod and node networks (the cluster-* default policies).
+    pub const CLUSTER_NETWORKS: &str = "AMBIT_CLUSTER_NETWORKS";
 }
 
 /// Defaults, as the DaemonSet runs the proxy.
@@ -90,6 +96,21 @@ pub struct Config {
     /// URL of the control plane's discovery service.
     #[arg(long, env = env::DISCOVERY_URL, default_value = "https://ambit-control.ambit.svc:8086")]
     pub discovery_url: String,
+    /// URL of the control plane's inbound policy service.
+    #[arg(long, env = env::POLICY_URL, default_value = "https://ambit-control.ambit.svc:8090")]
+    pub policy_url: String,
+    /// The inbound policy of a meshed pod until the control plane sends its own (at start,
+    /// or for a pod new while the control plane is away): all-unauthenticated,
+    /// all-authenticated, cluster-unauthenticated, cluster-authenticated, deny or audit.
+    #[arg(long, env = env::DEFAULT_INBOUND_POLICY, default_value = "all-unauthenticated")]
+    pub default_inbound_policy: String,
+    /// The cluster's networks, for the cluster-* default policies (comma-separated CIDRs).
+    #[arg(
+        long,
+        env = env::CLUSTER_NETWORKS,
+        default_value = "10.0.0.0/8,100.64.0.0/10,172.16.0.0/12,192.168.0.0/16,fd00::/8"
+    )]
+    pub cluster_networks: String,
     /// File holding the node credential (its content is never logged or dumped).
     #[arg(long, env = env::TOKEN_FILE, default_value = "/var/run/secrets/ambit/token")]
     pub token_file: PathBuf,
@@ -194,6 +215,7 @@ impl Config {
         for (flag, url) in [
             ("--identity-url", &self.identity_url),
             ("--discovery-url", &self.discovery_url),
+            ("--policy-url", &self.policy_url),
         ] {
             if let Some(rest) = url.strip_prefix("http://") {
                 errors.push(format!(
@@ -202,6 +224,9 @@ impl Config {
             } else if !url.starts_with("https://") {
                 errors.push(format!("{flag}: {url:?} is not an https:// URL"));
             }
+        }
+        if let Err(e) = self.fallback_policy() {
+            errors.push(e);
         }
         if let Err(e) = ambit_api::WorkloadIdentity::new(&self.trust_domain, "ns", "sa") {
             errors.push(format!("--trust-domain: {e}"));
@@ -223,6 +248,17 @@ impl Config {
         } else {
             Err(errors)
         }
+    }
+}
+
+impl Config {
+    /// The inbound policy of pods the control plane has sent none for
+    /// (`--default-inbound-policy` over `--cluster-networks`).
+    pub fn fallback_policy(&self) -> Result<crate::policy::PortPolicy, String> {
+        let networks = crate::policy::parse_networks(&self.cluster_networks)
+            .map_err(|e| format!("--cluster-networks: {e}"))?;
+        crate::policy::PortPolicy::default_policy(&self.default_inbound_policy, &networks)
+            .map_err(|e| format!("--default-inbound-policy: {e}"))
     }
 }
 

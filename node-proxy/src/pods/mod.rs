@@ -375,6 +375,7 @@ fn forget_later(
         if !back {
             shared.metrics.forget_pod(&ns, &pod);
             shared.http.forget_pod(&ns, &pod);
+            shared.authz.forget_pod(&ns, &pod);
         }
     });
 }

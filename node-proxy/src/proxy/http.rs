@@ -322,7 +322,7 @@ async fn direct(
 }
 
 /// Sends `req` to `target` from the pod's netns, as HTTP/2 or HTTP/1.1.
-async fn deliver(
+pub(super) async fn deliver(
     req: Request<Body>,
     target: SocketAddr,
     http2: bool,

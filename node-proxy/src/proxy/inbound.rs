@@ -1,10 +1,12 @@
 //! Inbound: the mesh tunnel (4143, mTLS + HTTP/2 CONNECT) and plaintext capture (4144).
 
+use super::authz::{self, Proto};
 use super::body::{self, Body};
 use super::http_metrics::Routes;
 use super::{
     relay, serve_each, PodContext, ProxyError, Shared, TrafficLabels, ERROR_HEADER, PROXY_MARK,
 };
+use crate::policy::Client;
 use crate::tls::svid_identity;
 use ambit_api::WorkloadIdentity;
 use hyper::service::service_fn;
@@ -115,7 +117,9 @@ async fn mesh_connection(
             let routes = routes.clone();
             async move {
                 let resp = if req.method() == http::Method::CONNECT {
-                    connect_stream(req, pod, shared, client_id).await
+                    connect_stream(req, pod, shared, client_id, peer).await
+                } else if let Some(denied) = deny_request(&req, &pod, &shared, &client_id, peer) {
+                    denied
                 } else {
                     super::http::inbound_request(req, &pod, &client_id, &routes).await
                 };
@@ -151,6 +155,37 @@ async fn mesh_connection(
     result.map_err(|e| ProxyError::Client(format!("HTTP/2 from {peer} ({client_id}): {e}")))
 }
 
+/// A request over the mesh to a port whose policy does not authorize its client: the
+/// answer (403, or gRPC PERMISSION_DENIED); `None` when it may go on (or names no valid
+/// target, which `inbound_request` refuses with its own answer).
+fn deny_request(
+    req: &http::Request<hyper::body::Incoming>,
+    pod: &PodContext,
+    shared: &Shared,
+    client_id: &WorkloadIdentity,
+    peer: SocketAddr,
+) -> Option<http::Response<Body>> {
+    let target: SocketAddr = req
+        .headers()
+        .get(super::http::DST_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())?;
+    let id = client_id.to_string();
+    let client = Client {
+        identity: Some(&id),
+        addr: peer.ip(),
+    };
+    let (verdict, _) = authz::check(
+        shared,
+        &pod.workload,
+        target.port(),
+        &client,
+        None,
+        Proto::Http,
+    );
+    (!verdict.allowed()).then(|| authz::denied_response(req.headers(), true))
+}
+
 fn refuse(status: http::StatusCode, cause: &str) -> http::Response<Body> {
     let mut resp = http::Response::new(body::empty());
     *resp.status_mut() = status;
@@ -166,6 +201,7 @@ async fn connect_stream(
     pod: Arc<PodContext>,
     shared: Shared,
     client_id: WorkloadIdentity,
+    peer: SocketAddr,
 ) -> http::Response<Body> {
     if req.method() != http::Method::CONNECT {
         return refuse(
@@ -195,6 +231,26 @@ async fn connect_stream(
             "target is one of the proxy's own ports (4140, 4143, 4144)",
         );
     }
+    let id = client_id.to_string();
+    let client = Client {
+        identity: Some(&id),
+        addr: peer.ip(),
+    };
+    let (verdict, _) = authz::check(
+        &shared,
+        &pod.workload,
+        target.port(),
+        &client,
+        None,
+        Proto::Tcp,
+    );
+    if !verdict.allowed() {
+        shared.metrics.error("inbound", "denied");
+        return refuse(
+            http::StatusCode::FORBIDDEN,
+            "denied: unauthorized by the destination's policy",
+        );
+    }
     let mut server = match pod.netns.connect(target, PROXY_MARK).await {
         Ok(s) => s,
         Err(e) => {
@@ -209,11 +265,17 @@ async fn connect_stream(
     };
     let w = &pod.workload;
     let labels = TrafficLabels::inbound(w, client_id.to_string());
+    let workload = pod.workload.clone();
     tokio::spawn(async move {
         match hyper::upgrade::on(req).await {
             Ok(upgraded) => {
                 shared.metrics.opened(&labels);
-                let (read, written) = relay(&mut TokioIo::new(upgraded), &mut server).await;
+                let mut upgraded = TokioIo::new(upgraded);
+                // A policy change that denies the client ends the stream.
+                let (read, written) = tokio::select! {
+                    moved = relay(&mut upgraded, &mut server) => moved,
+                    () = authz::revoked(&shared, &workload, target.port(), Some(id), peer.ip()) => (0, 0),
+                };
                 shared.metrics.closed(&labels, read, written);
             }
             Err(error) => tracing::debug!(%error, "CONNECT stream closed before it opened"),
@@ -234,15 +296,18 @@ pub(super) async fn serve_plain(
         pod,
         shared,
         ("inbound", "inbound_plain"),
-        |stream, _, pod, shared| async move { plain_connection(stream, &pod, &shared).await },
+        |stream, peer, pod, shared| async move { plain_connection(stream, peer, &pod, &shared).await },
     )
     .await;
 }
 
-/// Plaintext from outside the mesh: allowed until authorization policy exists.
+/// Plaintext from outside the mesh: authorized per connection, by the client's address;
+/// a denied one is closed — or, if it speaks HTTP, answered 403 per request but for the
+/// kubelet's probes ([`super::denied`]).
 async fn plain_connection(
     mut client: TcpStream,
-    pod: &PodContext,
+    peer: SocketAddr,
+    pod: &Arc<PodContext>,
     shared: &Shared,
 ) -> Result<(), ProxyError> {
     let target = shared.redirector.inbound_dst(&client).map_err(|e| {
@@ -256,6 +321,27 @@ async fn plain_connection(
             "{target} is not a destination in this pod"
         )));
     }
+    let policy = shared
+        .policy
+        .borrow()
+        .port(&authz::pod_key(&pod.workload), target.port());
+    let open = Client {
+        identity: None,
+        addr: peer.ip(),
+    };
+    if !policy.check(&open, None).allowed() {
+        // Counted there: per request if it speaks HTTP (probes may pass), else as a
+        // denied connection.
+        return super::denied::serve(client, peer, target, pod.clone(), shared.clone()).await;
+    }
+    authz::check(
+        shared,
+        &pod.workload,
+        target.port(),
+        &open,
+        None,
+        Proto::Tcp,
+    );
     let mut server = pod
         .netns
         .connect(target, PROXY_MARK)
@@ -264,7 +350,11 @@ async fn plain_connection(
     let w = &pod.workload;
     let labels = TrafficLabels::inbound(w, String::new());
     shared.metrics.opened(&labels);
-    let (read, written) = relay(&mut client, &mut server).await;
+    // A policy change that denies the client ends the connection.
+    let (read, written) = tokio::select! {
+        moved = relay(&mut client, &mut server) => moved,
+        () = authz::revoked(shared, w, target.port(), None, peer.ip()) => (0, 0),
+    };
     shared.metrics.closed(&labels, read, written);
     Ok(())
 }

@@ -13,9 +13,11 @@
 //! HTTP/2 through the tunnel); everything else is relayed as opaque TCP in a CONNECT
 //! stream.
 
+pub mod authz;
 mod balance;
 mod body;
 mod client;
+mod denied;
 mod detect;
 mod http;
 mod http_metrics;
@@ -132,6 +134,10 @@ pub struct Shared {
     pub http_idle_timeout: std::time::Duration,
     /// Whether a pod may reach destinations discovery does not know.
     pub outbound_unknown: OutboundUnknown,
+    /// Every local pod's inbound policy.
+    pub policy: watch::Receiver<Arc<crate::policy::PolicyState>>,
+    /// Authorization decisions.
+    pub authz: authz::AuthzMetrics,
 }
 
 /// What happens to a pod's connection to an address discovery does not know (not a

@@ -1,0 +1,273 @@
+//! Inbound authorization in the data path: a connection (plaintext, 4144) or a CONNECT
+//! stream or request (mesh, 4143) is checked against its pod's port policy
+//! ([`crate::policy`]) before anything reaches the application, counted with Linkerd's
+//! metric names, and — for what lasts (opaque connections and streams) — checked again
+//! whenever the policy changes, ending what is now denied.
+
+use super::Shared;
+use crate::discovery::Workload;
+use crate::policy::{Client, PortPolicy, Verdict};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
+use std::sync::Arc;
+
+/// Denials are counted each, logged at most 20 a second.
+static DENY_LOGS: crate::limits::LogBudget = crate::limits::LogBudget::new(20);
+
+/// Labels of an authorization decision: the pod, the policy (`srv_*`) and what allowed it
+/// (`authz_*`; empty on a denial).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AuthzLabels {
+    /// The pod's namespace.
+    pub namespace: String,
+    /// The pod.
+    pub pod: String,
+    /// Its workload.
+    pub workload: String,
+    /// The port the client asked for.
+    pub target_port: String,
+    /// `server` or `default`.
+    pub srv_kind: String,
+    /// The Server's or the default policy's name.
+    pub srv_name: String,
+    /// `authorizationpolicy`, `default`, `probe` or `audit` (allowed by an audit policy).
+    pub authz_kind: String,
+    /// Its name.
+    pub authz_name: String,
+}
+
+/// `inbound_{http,tcp}_authz_{allow,deny}_total`, `inbound_tcp_authz_terminate_total`.
+#[derive(Clone, Debug, Default)]
+pub struct AuthzMetrics {
+    series: super::metrics::SeriesTracker<AuthzLabels>,
+    http_allow: Family<AuthzLabels, Counter>,
+    http_deny: Family<AuthzLabels, Counter>,
+    tcp_allow: Family<AuthzLabels, Counter>,
+    tcp_deny: Family<AuthzLabels, Counter>,
+    tcp_terminate: Family<AuthzLabels, Counter>,
+}
+
+impl AuthzMetrics {
+    /// Creates the metrics and registers them.
+    pub fn register(registry: &mut Registry) -> Self {
+        let m = Self::default();
+        for (name, help, family) in [
+            (
+                "inbound_http_authz_allow",
+                "Inbound HTTP requests authorized",
+                &m.http_allow,
+            ),
+            (
+                "inbound_http_authz_deny",
+                "Inbound HTTP requests denied by policy",
+                &m.http_deny,
+            ),
+            (
+                "inbound_tcp_authz_allow",
+                "Inbound connections and CONNECT streams authorized",
+                &m.tcp_allow,
+            ),
+            (
+                "inbound_tcp_authz_deny",
+                "Inbound connections and CONNECT streams denied by policy",
+                &m.tcp_deny,
+            ),
+            (
+                "inbound_tcp_authz_terminate",
+                "Open connections ended because a policy change denied them",
+                &m.tcp_terminate,
+            ),
+        ] {
+            registry.register(name, help, family.clone());
+        }
+        m
+    }
+
+    /// Drops every series of a pod that left the node.
+    pub fn forget_pod(&self, namespace: &str, pod: &str) {
+        for l in self.series.take(namespace, pod) {
+            for f in [
+                &self.http_allow,
+                &self.http_deny,
+                &self.tcp_allow,
+                &self.tcp_deny,
+                &self.tcp_terminate,
+            ] {
+                f.remove(&l);
+            }
+        }
+    }
+
+    fn count(&self, family: &Family<AuthzLabels, Counter>, labels: &AuthzLabels) {
+        self.series.track(&labels.namespace, &labels.pod, labels);
+        family.get_or_create(labels).inc();
+    }
+}
+
+/// HTTP (counted per request) or TCP (per connection or CONNECT stream).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Proto {
+    /// An HTTP request.
+    Http,
+    /// A connection or CONNECT stream.
+    Tcp,
+}
+
+/// The pod key the policy state is indexed by: `<namespace>/<name>`.
+pub fn pod_key(w: &Workload) -> String {
+    format!("{}/{}", w.namespace, w.name)
+}
+
+/// Checks `client` against the policy of `port` of `w`, counts the decision and logs a
+/// denial (and an audited one); the verdict and the policy it came from.
+pub fn check(
+    shared: &Shared,
+    w: &Workload,
+    port: u16,
+    client: &Client<'_>,
+    probe: Option<&str>,
+    proto: Proto,
+) -> (Verdict, Arc<PortPolicy>) {
+    let policy = shared.policy.borrow().port(&pod_key(w), port);
+    let verdict = policy.check(client, probe);
+    record(shared, w, port, &policy, &verdict, proto);
+    if !matches!(verdict, Verdict::Allow { .. }) {
+        if let Some(suppressed) = DENY_LOGS.take() {
+            let audit = verdict == Verdict::Audit;
+            tracing::info!(
+                client = client.identity.unwrap_or("(no identity)"),
+                client_addr = %client.addr,
+                port,
+                srv = %format!("{}/{}", policy.kind, policy.name),
+                audit,
+                suppressed,
+                "{}",
+                if audit {
+                    "no authorization matched; allowed by audit"
+                } else {
+                    "denied by policy"
+                }
+            );
+        }
+    }
+    (verdict, policy)
+}
+
+fn record(
+    shared: &Shared,
+    w: &Workload,
+    port: u16,
+    policy: &PortPolicy,
+    verdict: &Verdict,
+    proto: Proto,
+) {
+    let (authz_kind, authz_name) = match verdict {
+        Verdict::Allow { kind, name } => (kind.clone(), name.clone()),
+        Verdict::Audit => ("audit".to_string(), policy.name.clone()),
+        Verdict::Deny => (String::new(), String::new()),
+    };
+    let labels = AuthzLabels {
+        namespace: w.namespace.clone(),
+        pod: w.name.clone(),
+        workload: w.workload.clone(),
+        target_port: port.to_string(),
+        srv_kind: policy.kind.clone(),
+        srv_name: policy.name.clone(),
+        authz_kind,
+        authz_name,
+    };
+    let m = &shared.authz;
+    let family = match (proto, verdict.allowed()) {
+        (Proto::Http, true) => &m.http_allow,
+        (Proto::Http, false) => &m.http_deny,
+        (Proto::Tcp, true) => &m.tcp_allow,
+        (Proto::Tcp, false) => &m.tcp_deny,
+    };
+    m.count(family, &labels);
+}
+
+/// Resolves once a policy change denies what `client` holds open on `port` of `w` (an
+/// opaque connection or a CONNECT stream), counting the termination; never while the
+/// policy keeps allowing it.
+pub async fn revoked(
+    shared: &Shared,
+    w: &Workload,
+    port: u16,
+    identity: Option<String>,
+    addr: std::net::IpAddr,
+) {
+    let mut rx = shared.policy.clone();
+    let key = pod_key(w);
+    loop {
+        if rx.changed().await.is_err() {
+            // The proxy is shutting down: the connection ends with it, not here.
+            return std::future::pending().await;
+        }
+        let client = Client {
+            identity: identity.as_deref(),
+            addr,
+        };
+        let policy = rx.borrow_and_update().port(&key, port);
+        if !policy.check(&client, None).allowed() {
+            let labels = AuthzLabels {
+                namespace: w.namespace.clone(),
+                pod: w.name.clone(),
+                workload: w.workload.clone(),
+                target_port: port.to_string(),
+                srv_kind: policy.kind.clone(),
+                srv_name: policy.name.clone(),
+                authz_kind: String::new(),
+                authz_name: String::new(),
+            };
+            shared.authz.count(&shared.authz.tcp_terminate, &labels);
+            tracing::info!(
+                client = client.identity.unwrap_or("(no identity)"),
+                client_addr = %addr,
+                port,
+                "a policy change denies this connection; closing it"
+            );
+            return;
+        }
+    }
+}
+
+/// The answer to a denied request: gRPC's PERMISSION_DENIED (status 7, in a trailers-only
+/// response) to a gRPC client, 403 to any other. Only a meshed client (another proxy) is
+/// told why in the `ambit-proxy-error` header; an unmeshed one learns nothing of the policy.
+pub fn denied_response(
+    headers: &http::HeaderMap,
+    meshed: bool,
+) -> http::Response<super::body::Body> {
+    let grpc = headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/grpc"));
+    let mut resp = http::Response::new(if grpc {
+        super::body::empty()
+    } else {
+        super::body::text("denied by policy\n".to_string())
+    });
+    let h = resp.headers_mut();
+    if grpc {
+        h.insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("application/grpc"),
+        );
+        h.insert("grpc-status", http::HeaderValue::from_static("7"));
+        h.insert(
+            "grpc-message",
+            http::HeaderValue::from_static("denied by policy"),
+        );
+    } else {
+        *resp.status_mut() = http::StatusCode::FORBIDDEN;
+    }
+    if meshed {
+        resp.headers_mut().insert(
+            super::ERROR_HEADER,
+            http::HeaderValue::from_static("denied: unauthorized by the destination's policy"),
+        );
+    }
+    resp
+}

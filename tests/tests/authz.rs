@@ -1,0 +1,260 @@
+//! Inbound authorization in the node proxy, end to end with curl in network namespaces:
+//! the server's proxy applies its start-up default inbound policy (`--default-inbound-policy`,
+//! what a pod gets before the control plane's policy arrives) — deny, all-authenticated,
+//! cluster-unauthenticated — to a meshed client (over mTLS, per request: 403, gRPC status
+//! 7) and to a client outside the mesh (plaintext, per connection: 403 to HTTP, opaque
+//! connections closed), and counts each decision with Linkerd's metric names.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure
+
+use ambit_e2e::netns::{PodNet, Topology};
+use ambit_e2e::{metric_sum, ControlPlane, NodeProxy, NAMESPACES};
+use ambit_proxy::netns::Netns;
+use std::path::Path;
+use std::process::Command;
+
+fn cluster(t: &Topology) -> String {
+    let pod = |name: &str, node: &str, sa: &str, extra: &str| {
+        let p = t.pod(name);
+        format!(
+            "---\napiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: shop, annotations: {{local.ambit.dev/netns: {}{extra}}}}}\nspec: {{nodeName: {node}, serviceAccountName: {sa}, containers: []}}\nstatus: {{podIP: {}, phase: Running}}\n",
+            p.path(),
+            p.ip
+        )
+    };
+    format!(
+        "{NAMESPACES}{}{}{}",
+        pod("client", "node-a", "client", ""),
+        pod("server", "node-b", "server", ""),
+        pod("outside", "node-a", "outside", ", ambit.dev/mesh: disabled"),
+    )
+}
+
+/// An HTTP/1 and HTTP/2 (h2c) server on 8080 in the pod that answers 200 "hello".
+async fn app(netns: &Netns) {
+    let listener = netns.bind("0.0.0.0:8080".parse().unwrap()).await.unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((s, _)) = listener.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(|_req| async {
+                    Ok::<_, std::convert::Infallible>(http::Response::new(
+                        http_body_util::Full::new(bytes::Bytes::from_static(b"hello\n")),
+                    ))
+                });
+                let _ = hyper_util::server::conn::auto::Builder::new(
+                    hyper_util::rt::TokioExecutor::new(),
+                )
+                .serve_connection(hyper_util::rt::TokioIo::new(s), svc)
+                .await;
+            });
+        }
+    });
+}
+
+/// `curl` in `pod`: status line, headers and body (or curl's error).
+fn curl(pod: &PodNet, args: &[&str]) -> String {
+    let out = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &pod.name,
+            "curl",
+            "-sS",
+            "--max-time",
+            "10",
+            "-D",
+            "-",
+        ])
+        .args(args)
+        .output()
+        .unwrap();
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+struct Mesh {
+    t: Topology,
+    cp: ControlPlane,
+    a: NodeProxy,
+    b: NodeProxy,
+}
+
+/// The client's node proxy as usual; the server's with `policy` as its default inbound
+/// policy (and the test subnet as the cluster's networks when `in_cluster`).
+async fn mesh(policy: &str, in_cluster: bool) -> Mesh {
+    let t = Topology::new(&["client", "server", "outside"]);
+    let cp = ControlPlane::start(&cluster(&t), &["node-a", "node-b"]).await;
+    let a = NodeProxy::start(&cp, "node-a").await;
+    let mut config = NodeProxy::config(&cp, "node-b");
+    config.default_inbound_policy = policy.into();
+    config.cluster_networks = if in_cluster {
+        "10.77.0.0/24".into()
+    } else {
+        "192.168.0.0/16".into()
+    };
+    let b = NodeProxy::start_config(config).await;
+    let server = Netns::open(Path::new(&t.pod("server").path())).unwrap();
+    app(&server).await;
+    std::mem::forget(server);
+    Mesh { t, cp, a, b }
+}
+
+impl Mesh {
+    async fn stop(self) {
+        self.a.stop().await;
+        self.b.stop().await;
+        self.cp.stop().await;
+        drop(self.t);
+    }
+
+    async fn curl(&self, from: &str, args: &[&'static str]) -> String {
+        let pod = self.t.pod(from).clone();
+        let url = format!("http://{}:8080/", self.t.pod("server").ip);
+        let args: Vec<String> = args.iter().map(|s| s.to_string()).chain([url]).collect();
+        tokio::task::spawn_blocking(move || {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            curl(&pod, &args)
+        })
+        .await
+        .unwrap()
+    }
+
+    /// Raw bytes (not HTTP) from `from` to the server's port 8080: what came back, or the
+    /// error.
+    async fn raw(&self, from: &str) -> String {
+        let pod = self.t.pod(from).clone();
+        let server = self.t.pod("server").ip;
+        tokio::task::spawn_blocking(move || {
+            let script = format!(
+                "exec 3<>/dev/tcp/{server}/8080 && printf '\\x00\\x01binary\\n' >&3 && timeout 10 cat <&3; echo \"exit=$?\""
+            );
+            let out = Command::new("ip")
+                .args(["netns", "exec", &pod.name, "bash", "-c", &script])
+                .output()
+                .unwrap();
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            )
+        })
+        .await
+        .unwrap()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deny_refuses_meshed_requests_grpc_plaintext_and_opaque_and_counts_them() {
+    let m = mesh("deny", true).await;
+    // A meshed client: 403 per request, told why (it is another proxy's client).
+    let out = m.curl("client", &[]).await;
+    assert!(out.starts_with("HTTP/1.1 403"), "{out}");
+    assert!(out.contains("denied by policy"), "{out}");
+    assert!(out.contains("ambit-proxy-error: denied"), "{out}");
+    // gRPC: PERMISSION_DENIED in a trailers-only response.
+    let out = m
+        .curl(
+            "client",
+            &[
+                "--http2-prior-knowledge",
+                "-H",
+                "content-type: application/grpc",
+                "-X",
+                "POST",
+            ],
+        )
+        .await;
+    assert!(out.starts_with("HTTP/2 200"), "{out}");
+    assert!(out.contains("grpc-status: 7"), "{out}");
+    // From outside the mesh: HTTP is answered 403 without a word about the policy...
+    let out = m.curl("outside", &[]).await;
+    assert!(out.starts_with("HTTP/1.1 403"), "{out}");
+    assert!(!out.contains("ambit-proxy-error"), "{out}");
+    // ... and a connection that is not HTTP is closed with nothing sent back.
+    let out = m.raw("outside").await;
+    assert!(!out.contains("hello"), "{out}");
+
+    let metrics = m.b.metrics().await;
+    let deny = |name: &str| {
+        metric_sum(
+            &metrics,
+            name,
+            &[
+                "srv_kind=\"default\"",
+                "srv_name=\"deny\"",
+                "pod=\"server\"",
+            ],
+        )
+    };
+    assert!(deny("inbound_http_authz_deny_total") >= 3, "{metrics}");
+    assert!(deny("inbound_tcp_authz_deny_total") >= 1, "{metrics}");
+    assert_eq!(
+        metric_sum(&metrics, "inbound_http_authz_allow_total", &[]),
+        0,
+        "{metrics}"
+    );
+    m.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn all_authenticated_lets_meshed_clients_in_and_keeps_plaintext_out() {
+    let m = mesh("all-authenticated", true).await;
+    let out = m.curl("client", &[]).await;
+    assert!(
+        out.starts_with("HTTP/1.1 200") && out.contains("hello"),
+        "{out}"
+    );
+    let out = m.curl("outside", &[]).await;
+    assert!(out.starts_with("HTTP/1.1 403"), "{out}");
+    let metrics = m.b.metrics().await;
+    let allowed = metric_sum(
+        &metrics,
+        "inbound_http_authz_allow_total",
+        &[
+            "authz_kind=\"default\"",
+            "authz_name=\"all-authenticated\"",
+            "target_port=\"8080\"",
+        ],
+    );
+    assert!(allowed >= 1, "{metrics}");
+    assert!(
+        metric_sum(
+            &metrics,
+            "inbound_http_authz_deny_total",
+            &["srv_name=\"all-authenticated\""]
+        ) >= 1,
+        "{metrics}"
+    );
+    m.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_unauthenticated_judges_plaintext_by_the_clients_network() {
+    // The test subnet is the cluster's: plaintext from it is allowed.
+    let m = mesh("cluster-unauthenticated", true).await;
+    let out = m.curl("outside", &[]).await;
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    let metrics = m.b.metrics().await;
+    assert!(
+        metric_sum(
+            &metrics,
+            "inbound_tcp_authz_allow_total",
+            &["authz_name=\"cluster-unauthenticated\""]
+        ) >= 1,
+        "{metrics}"
+    );
+    m.stop().await;
+    // It is not: refused, meshed clients included (they come from it too).
+    let m = mesh("cluster-unauthenticated", false).await;
+    let out = m.curl("outside", &[]).await;
+    assert!(out.starts_with("HTTP/1.1 403"), "{out}");
+    let out = m.curl("client", &[]).await;
+    assert!(out.starts_with("HTTP/1.1 403"), "{out}");
+    m.stop().await;
+}
