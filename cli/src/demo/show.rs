@@ -53,16 +53,40 @@ fn summary_text(s: &State) -> String {
         s.dir.display()
     );
     let web = SERVICES[0].cluster_ip;
-    let _ = write!(
-        t,
-        "Try:\n  ambit stat deploy -n {NAMESPACE}                 golden metrics per deployment\n  \
-         ambit stat pod -n {NAMESPACE} -o wide             per pod: the failing catalog replica\n  \
-         ambit stat deploy -n {NAMESPACE} --from deploy/web   what web sends\n  \
-         ambit edges -n {NAMESPACE}                        who talks to whom, over mTLS\n  \
-         ambit check --proxy                          the PKI, the control plane, the proxies\n  \
-         ambit demo exec load -- curl -s http://{web}/   a request from a meshed pod\n  \
-         ambit demo down                              remove everything\n"
-    );
+    // As the user ran it (target/release/ambit until it is on the PATH).
+    let ambit = std::env::args().next().unwrap_or_else(|| "ambit".into());
+    let tries = [
+        (
+            format!("stat deploy -n {NAMESPACE}"),
+            "golden metrics per deployment",
+        ),
+        (
+            format!("stat pod -n {NAMESPACE} -o wide"),
+            "per pod: the failing catalog replica",
+        ),
+        (
+            format!("stat deploy -n {NAMESPACE} --from deploy/web"),
+            "what web sends, by destination",
+        ),
+        (
+            format!("edges -n {NAMESPACE}"),
+            "who talks to whom, and over mTLS",
+        ),
+        (
+            "check --proxy".to_string(),
+            "the PKI, the control plane, the proxies",
+        ),
+        (
+            format!("demo exec load -- curl -s http://{web}/"),
+            "a request from a meshed pod",
+        ),
+        ("demo down".to_string(), "remove everything"),
+    ];
+    let width = tries.iter().map(|(c, _)| c.len()).max().unwrap_or(0);
+    t.push_str("Try:\n");
+    for (cmd, what) in tries {
+        let _ = writeln!(t, "  {ambit} {cmd:<width$}   {what}");
+    }
     t
 }
 
