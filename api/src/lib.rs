@@ -14,6 +14,7 @@
 pub mod cni;
 pub mod duration;
 pub mod identity;
+pub mod policy;
 pub mod ports;
 
 /// gRPC bindings generated from the `.proto` files in `api/proto`.

@@ -33,6 +33,12 @@ pub mod env {
     pub const IDENTITY_ADDR: &str = "AMBIT_IDENTITY_ADDR";
     /// Discovery gRPC listen address.
     pub const DISCOVERY_ADDR: &str = "AMBIT_DISCOVERY_ADDR";
+    /// Policy gRPC listen address.
+    pub const POLICY_ADDR: &str = "AMBIT_POLICY_ADDR";
+    /// The cluster's default inbound policy.
+    pub const DEFAULT_INBOUND_POLICY: &str = "AMBIT_DEFAULT_INBOUND_POLICY";
+    /// The cluster's pod and node networks.
+    pub const CLUSTER_NETWORKS: &str = "AMBIT_CLUSTER_NETWORKS";
     /// Admin HTTP listen address.
     pub const ADMIN_ADDR: &str = "AMBIT_ADMIN_ADDR";
     /// Open connections per gRPC listener.
@@ -133,6 +139,18 @@ pub struct Config {
     /// Listen address of the discovery service (gRPC).
     #[arg(long, env = env::DISCOVERY_ADDR, default_value = "0.0.0.0:8086")]
     pub discovery_addr: SocketAddr,
+    /// Listen address of the inbound policy service (gRPC).
+    #[arg(long, env = env::POLICY_ADDR, default_value = "0.0.0.0:8090")]
+    pub policy_addr: SocketAddr,
+    /// The inbound policy of meshed pods whose namespace or own annotation
+    /// (`config.ambit.dev/default-inbound-policy`) names none: all-unauthenticated,
+    /// all-authenticated, cluster-unauthenticated, cluster-authenticated, deny or audit.
+    #[arg(long, env = env::DEFAULT_INBOUND_POLICY, default_value = "all-unauthenticated")]
+    pub default_inbound_policy: String,
+    /// The cluster's pod and node networks (comma-separated CIDRs), for the cluster-*
+    /// default policies.
+    #[arg(long, env = env::CLUSTER_NETWORKS, default_value = ambit_api::policy::DEFAULT_CLUSTER_NETWORKS)]
+    pub cluster_networks: String,
     /// Listen address of the admin server (/metrics, /ready, /live).
     #[arg(long, env = env::ADMIN_ADDR, default_value = "0.0.0.0:9990")]
     pub admin_addr: SocketAddr,
@@ -175,6 +193,23 @@ impl Config {
         let mut errors = Vec::new();
         if let Err(e) = ambit_api::WorkloadIdentity::new(&self.trust_domain, "ns", "sa") {
             errors.push(format!("--trust-domain: {e}"));
+        }
+        if !ambit_api::policy::DEFAULT_POLICIES.contains(&self.default_inbound_policy.as_str()) {
+            errors.push(format!(
+                "--default-inbound-policy: {}",
+                ambit_api::policy::unknown_policy(&self.default_inbound_policy)
+            ));
+        }
+        for cidr in ambit_api::policy::split_networks(&self.cluster_networks) {
+            let (addr, bits) = cidr.split_once('/').unwrap_or((&cidr, "x"));
+            let max = if addr.contains(':') { 128 } else { 32 };
+            let ok = addr.parse::<std::net::IpAddr>().is_ok()
+                && bits.parse::<u8>().is_ok_and(|b| b <= max);
+            if !ok {
+                errors.push(format!(
+                    "--cluster-networks: {cidr:?} is not a CIDR (e.g. 10.0.0.0/8)"
+                ));
+            }
         }
         if self.cert_lifetime < MIN_CERT_LIFETIME {
             errors.push(format!(

@@ -31,6 +31,7 @@ pub mod kubernetes;
 pub mod limits;
 pub mod local;
 pub mod pki;
+pub mod policy;
 pub mod ready;
 pub mod tls;
 
@@ -86,6 +87,7 @@ pub struct Control {
     index: SharedIndex,
     identity: IdentityService,
     discovery: discovery::DiscoveryService,
+    policy: policy::PolicyService,
     registry: Registry,
     connections: limits::ConnectionMetrics,
     backend: Box<dyn Backend>,
@@ -113,6 +115,8 @@ pub struct Listeners {
     pub identity: TcpListener,
     /// Discovery gRPC (:8086).
     pub discovery: TcpListener,
+    /// Inbound policy gRPC (:8090).
+    pub policy: TcpListener,
     /// Admin HTTP (:9990).
     pub admin: TcpListener,
 }
@@ -137,6 +141,7 @@ impl Control {
         let mut registry = Registry::default();
         let identity_metrics = IdentityMetrics::register(&mut registry);
         let discovery_metrics = discovery::DiscoveryMetrics::register(&mut registry);
+        let policy_metrics = policy::PolicyMetrics::register(&mut registry);
         let connections = limits::ConnectionMetrics::register(&mut registry);
         let backend = backend::build(&config, &mut registry).await?;
         let index = backend.index();
@@ -160,12 +165,24 @@ impl Control {
             identity_metrics,
             own_id.clone(),
         );
-        let discovery = discovery::DiscoveryService::new(index.clone(), auth, discovery_metrics);
+        let discovery =
+            discovery::DiscoveryService::new(index.clone(), auth.clone(), discovery_metrics);
+        let policy = policy::PolicyService::new(
+            index.clone(),
+            discovery.publisher_handle(),
+            auth,
+            policy::Defaults {
+                policy: config.default_inbound_policy.clone(),
+                cluster_networks: ambit_api::policy::split_networks(&config.cluster_networks),
+            },
+            policy_metrics,
+        );
         Ok(Self {
             config,
             index,
             identity,
             discovery,
+            policy,
             registry,
             connections,
             backend,
@@ -227,13 +244,20 @@ impl Control {
             );
         let publisher = tokio::spawn(self.discovery.publisher(ready.clone(), drained()));
         let discovery = limits::grpc_server()
-            .add_service(self.discovery.with_drain(drain_rx2).into_server())
+            .add_service(self.discovery.with_drain(drain_rx2.clone()).into_server())
             .serve_with_incoming_shutdown(
-                tls::incoming(listeners.discovery, acceptor, limit("discovery")),
+                tls::incoming(listeners.discovery, acceptor.clone(), limit("discovery")),
+                drained(),
+            );
+        let policy = limits::grpc_server()
+            .add_service(self.policy.with_drain(drain_rx2).into_server())
+            .serve_with_incoming_shutdown(
+                tls::incoming(listeners.policy, acceptor, limit("policy")),
                 drained(),
             );
         let identity_task = tokio::spawn(identity);
         let discovery_task = tokio::spawn(discovery);
+        let policy_task = tokio::spawn(policy);
         ready.done(SERVERS);
 
         shutdown.await;
@@ -244,7 +268,11 @@ impl Control {
         let _ = publisher.await;
         renewal.abort();
         let serve_err = |what, message: String| StartError::Serve { what, message };
-        for (what, task) in [("identity", identity_task), ("discovery", discovery_task)] {
+        for (what, task) in [
+            ("identity", identity_task),
+            ("discovery", discovery_task),
+            ("policy", policy_task),
+        ] {
             match task.await {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => return Err(serve_err(what, e.to_string())),

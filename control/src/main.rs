@@ -21,6 +21,9 @@ async fn main() -> anyhow::Result<()> {
             .with_context(|| {
                 format!("binding the discovery service to {}", config.discovery_addr)
             })?,
+        policy: tokio::net::TcpListener::bind(config.policy_addr)
+            .await
+            .with_context(|| format!("binding the policy service to {}", config.policy_addr))?,
         admin: tokio::net::TcpListener::bind(config.admin_addr)
             .await
             .with_context(|| format!("binding the admin server to {}", config.admin_addr))?,

@@ -108,6 +108,8 @@ pub struct ControlPlane {
     pub identity_addr: SocketAddr,
     /// Discovery gRPC address.
     pub discovery_addr: SocketAddr,
+    /// The policy service's address.
+    pub policy_addr: SocketAddr,
     /// Admin address.
     pub admin_addr: SocketAddr,
     /// The control plane's index, to change the cluster without a backend (benchmarks).
@@ -203,6 +205,8 @@ impl ControlPlane {
         let identity = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let discovery = tokio::net::TcpListener::bind(discovery_addr).await.unwrap();
         let admin = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let policy = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let policy_addr = policy.local_addr().unwrap();
         let identity_addr = identity.local_addr().unwrap();
         let discovery_addr = discovery.local_addr().unwrap();
         let admin_addr = admin.local_addr().unwrap();
@@ -215,6 +219,7 @@ impl ControlPlane {
                     Listeners {
                         identity,
                         discovery,
+                        policy,
                         admin,
                     },
                     async move {
@@ -230,6 +235,7 @@ impl ControlPlane {
             issuer: iss,
             identity_addr,
             discovery_addr,
+            policy_addr,
             admin_addr,
             index,
             stop: Some(stop),
@@ -264,6 +270,11 @@ impl ControlPlane {
     /// The discovery service's URL.
     pub fn discovery_url(&self) -> String {
         format!("https://{}", self.discovery_addr)
+    }
+
+    /// The inbound policy service's URL.
+    pub fn policy_url(&self) -> String {
+        format!("https://{}", self.policy_addr)
     }
 
     /// Rewrites the cluster directory's YAML.
@@ -497,13 +508,15 @@ impl NodeProxy {
     pub fn config(cp: &ControlPlane, node: &str) -> ambit_proxy::config::Config {
         let token_file = cp.dir.path().join(format!("{node}.token"));
         std::fs::write(&token_file, node_token(node)).unwrap();
-        proxy_config(
+        let mut config = proxy_config(
             node,
             cp.identity_url(),
             cp.discovery_url(),
             token_file,
             cp.dir.path().join("root.crt"),
-        )
+        );
+        config.policy_url = cp.policy_url();
+        config
     }
 
     /// Waits for the proxy to end on its own (a start that fails); how it ended.

@@ -1,9 +1,12 @@
-//! Inbound authorization in the node proxy, end to end with curl in network namespaces:
-//! the server's proxy applies its start-up default inbound policy (`--default-inbound-policy`,
-//! what a pod gets before the control plane's policy arrives) — deny, all-authenticated,
+//! Inbound authorization, end to end with curl in network namespaces. The server's proxy
+//! applies its start-up default inbound policy (`--default-inbound-policy`, what a pod gets
+//! while no policy has come from the control plane) — deny, all-authenticated,
 //! cluster-unauthenticated — to a meshed client (over mTLS, per request: 403, gRPC status
 //! 7) and to a client outside the mesh (plaintext, per connection: 403 to HTTP, opaque
-//! connections closed), and counts each decision with Linkerd's metric names.
+//! connections closed), and counts each decision with Linkerd's metric names. Then the
+//! control plane's policy service: a namespace's `config.ambit.dev/default-inbound-policy`
+//! applies to running pods, the kubelet's probes pass a `deny`, a change ends an open
+//! connection it now denies.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure
 
@@ -86,13 +89,15 @@ struct Mesh {
 }
 
 /// The client's node proxy as usual; the server's with `policy` as its default inbound
-/// policy (and the test subnet as the cluster's networks when `in_cluster`).
+/// policy (and the test subnet as the cluster's networks when `in_cluster`), and no policy
+/// service to reach (as before the control plane's first policy): its own default holds.
 async fn mesh(policy: &str, in_cluster: bool) -> Mesh {
     let t = Topology::new(&["client", "server", "outside"]);
     let cp = ControlPlane::start(&cluster(&t), &["node-a", "node-b"]).await;
     let a = NodeProxy::start(&cp, "node-a").await;
     let mut config = NodeProxy::config(&cp, "node-b");
     config.default_inbound_policy = policy.into();
+    config.policy_url = "https://127.0.0.1:1".into();
     config.cluster_networks = if in_cluster {
         "10.77.0.0/24".into()
     } else {
@@ -256,5 +261,176 @@ async fn cluster_unauthenticated_judges_plaintext_by_the_clients_network() {
     assert!(out.starts_with("HTTP/1.1 403"), "{out}");
     let out = m.curl("client", &[]).await;
     assert!(out.starts_with("HTTP/1.1 403"), "{out}");
+    m.stop().await;
+}
+
+/// The server pod (probed on 8080 at /healthz) in a namespace whose annotation sets the
+/// default inbound policy to `policy`.
+fn annotated_cluster(t: &Topology, policy: &str) -> String {
+    let p = |name: &str| t.pod(name);
+    format!(
+        "apiVersion: v1
+kind: Namespace
+metadata: {{name: shop, annotations: {{ambit.dev/mesh: enabled, config.ambit.dev/default-inbound-policy: {policy}}}}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: client, namespace: shop, annotations: {{local.ambit.dev/netns: {}, config.ambit.dev/default-inbound-policy: all-unauthenticated}}}}
+spec: {{nodeName: node-a, serviceAccountName: client, containers: []}}
+status: {{podIP: {}, phase: Running}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: server, namespace: shop, annotations: {{local.ambit.dev/netns: {}}}}}
+spec:
+  nodeName: node-b
+  serviceAccountName: server
+  containers:
+  - name: app
+    ports: [{{name: http, containerPort: 8080}}]
+    readinessProbe: {{httpGet: {{port: http, path: /healthz}}}}
+status: {{podIP: {}, phase: Running}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: outside, namespace: shop, annotations: {{local.ambit.dev/netns: {}, ambit.dev/mesh: disabled}}}}
+spec: {{nodeName: node-a, serviceAccountName: outside, containers: []}}
+status: {{podIP: {}, phase: Running}}
+",
+        p("client").path(),
+        p("client").ip,
+        p("server").path(),
+        p("server").ip,
+        p("outside").path(),
+        p("outside").ip,
+    )
+}
+
+/// A TCP echo server on `port` in the pod.
+async fn echo(netns: &Netns, port: u16) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = netns
+        .bind(format!("0.0.0.0:{port}").parse().unwrap())
+        .await
+        .unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = [0u8; 1024];
+                while let Ok(n) = s.read(&mut buf).await {
+                    if n == 0 || s.write_all(&buf[..n]).await.is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+}
+
+/// Retries `curl` until its output starts with `want`, up to a deadline.
+async fn until(m: &Mesh, from: &str, args: &[&'static str], want: &str) -> String {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let out = m.curl(from, args).await;
+        if out.starts_with(want) || std::time::Instant::now() > deadline {
+            return out;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_control_planes_policy_applies_to_running_pods_keeps_probes_and_ends_denied_connections(
+) {
+    let t = Topology::new(&["client", "server", "outside"]);
+    let cp = ControlPlane::start(&annotated_cluster(&t, "deny"), &["node-a", "node-b"]).await;
+    // The proxies start with the permissive default; the control plane's policy replaces it.
+    let a = NodeProxy::start(&cp, "node-a").await;
+    let b = NodeProxy::start(&cp, "node-b").await;
+    let server = Netns::open(Path::new(&t.pod("server").path())).unwrap();
+    app(&server).await;
+    echo(&server, 7000).await;
+    std::mem::forget(server);
+    let m = Mesh { t, cp, a, b };
+
+    // The namespace's `deny` arrives: meshed and plaintext requests are refused...
+    let out = until(&m, "client", &[], "HTTP/1.1 403").await;
+    assert!(out.starts_with("HTTP/1.1 403"), "{out}");
+    let out = m.curl("outside", &[]).await;
+    assert!(out.starts_with("HTTP/1.1 403"), "{out}");
+    // ... but the kubelet's probe (a plaintext GET of the pod's readiness path) passes.
+    let pod = m.t.pod("outside").clone();
+    let url = format!("http://{}:8080/healthz", m.t.pod("server").ip);
+    let out = tokio::task::spawn_blocking(move || curl(&pod, &[&url]))
+        .await
+        .unwrap();
+    assert!(
+        out.starts_with("HTTP/1.1 200") && out.contains("hello"),
+        "{out}"
+    );
+    let metrics = m.b.metrics().await;
+    assert!(
+        metric_sum(
+            &metrics,
+            "inbound_http_authz_allow_total",
+            &["authz_kind=\"probe\""]
+        ) >= 1,
+        "{metrics}"
+    );
+    assert!(
+        metric_sum(
+            &metrics,
+            "inbound_http_authz_deny_total",
+            &["srv_name=\"deny\""]
+        ) >= 2,
+        "{metrics}"
+    );
+
+    // The annotation changes on the running namespace: the pods' policy follows.
+    m.cp.set_cluster(&annotated_cluster(&m.t, "all-unauthenticated"));
+    let out = until(&m, "client", &[], "HTTP/1.1 200").await;
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+
+    // An open opaque connection is ended when a change denies it.
+    let pod = m.t.pod("outside").clone();
+    let server_ip = m.t.pod("server").ip;
+    let held = tokio::task::spawn_blocking(move || {
+        let script = format!(
+            "exec 3<>/dev/tcp/{server_ip}/7000 && printf 'still-open\\n' >&3 && timeout 60 cat <&3; echo \"exit=$?\""
+        );
+        let out = Command::new("ip")
+            .args(["netns", "exec", &pod.name, "bash", "-c", &script])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    });
+    // Wait until the connection is established and counted as allowed.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while metric_sum(
+        &m.b.metrics().await,
+        "inbound_tcp_authz_allow_total",
+        &["target_port=\"7000\""],
+    ) == 0
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the echo connection never opened"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    m.cp.set_cluster(&annotated_cluster(&m.t, "all-authenticated"));
+    let out = held.await.unwrap();
+    assert!(out.contains("still-open"), "{out}");
+    // cat saw the connection end (exit 0), not its own 60 s timeout (exit 124).
+    assert!(out.contains("exit=0"), "{out}");
+    let metrics = m.b.metrics().await;
+    assert!(
+        metric_sum(
+            &metrics,
+            "inbound_tcp_authz_terminate_total",
+            &["target_port=\"7000\""]
+        ) >= 1,
+        "{metrics}"
+    );
     m.stop().await;
 }

@@ -102,6 +102,7 @@ impl Limited {
             let listeners = Listeners {
                 identity,
                 discovery,
+                policy: tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(),
                 admin,
             };
             control

@@ -71,6 +71,12 @@ impl DiscoveryService {
             .run(self.index.clone(), ready, shutdown)
     }
 
+    /// The publisher, whose `started` other services wait on too (nothing is served
+    /// before the backend has loaded everything once).
+    pub fn publisher_handle(&self) -> Publisher {
+        self.publisher.clone()
+    }
+
     /// The tonic server for this service.
     pub fn into_server(self) -> DiscoveryServer<Self> {
         DiscoveryServer::new(self)

@@ -200,6 +200,11 @@ impl ClusterIndex {
         errors
     }
 
+    /// The namespace `name`, if the index has it.
+    pub fn namespace(&self, name: &str) -> Option<&NamespaceInfo> {
+        self.namespaces.get(name)
+    }
+
     /// The trust domain identities are issued in.
     pub fn trust_domain(&self) -> &str {
         &self.trust_domain

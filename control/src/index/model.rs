@@ -38,6 +38,8 @@ pub struct PodInfo {
     pub workload: String,
     /// Local mode: the pod's network namespace, from the `local.ambit.dev/netns` annotation.
     pub netns: Option<String>,
+    /// The kubelet's HTTP probes: port → paths (they stay authorized under any policy).
+    pub probes: BTreeMap<u16, Vec<String>>,
 }
 
 impl PodInfo {

@@ -206,38 +206,14 @@ impl PortPolicy {
     }
 
     /// The policy a proxy applies on its own: before the control plane's first snapshot,
-    /// and to a pod it has none for. `name` is a default policy's name.
+    /// and to a pod it has none for. `name` is a default policy's name
+    /// (`ambit_api::policy`, the definition the control plane renders too).
     pub fn default_policy(name: &str, cluster_networks: &[Network]) -> Result<Self, String> {
-        let authz = |mesh_tls: Option<MeshTls>, networks: Vec<Network>| Authorization {
-            kind: "default".into(),
-            name: name.into(),
-            mesh_tls,
-            networks,
-        };
-        let (authorizations, audit) = match name {
-            "all-unauthenticated" => (vec![authz(None, vec![])], false),
-            "all-authenticated" => (vec![authz(Some(MeshTls::Any), vec![])], false),
-            "cluster-unauthenticated" => (vec![authz(None, cluster_networks.to_vec())], false),
-            "cluster-authenticated" => (
-                vec![authz(Some(MeshTls::Any), cluster_networks.to_vec())],
-                false,
-            ),
-            "deny" => (vec![], false),
-            "audit" => (vec![], true),
-            other => {
-                return Err(format!(
-                    "{other:?} is not a default inbound policy: all-unauthenticated, all-authenticated, cluster-unauthenticated, cluster-authenticated, deny or audit"
-                ))
-            }
-        };
-        Ok(Self {
-            kind: "default".into(),
-            name: name.into(),
-            protocol: "unknown".into(),
-            authorizations,
-            audit,
-            probe_paths: vec![],
-        })
+        let networks: Vec<String> = cluster_networks
+            .iter()
+            .map(|n| n.cidr.to_string())
+            .collect();
+        port_policy(&ambit_api::policy::default_port_policy(name, 0, &networks)?)
     }
 }
 

@@ -200,6 +200,20 @@ pub(super) fn check_port_annotations(meta: &ObjectMeta, object: &str) -> Result<
     Ok(())
 }
 
+/// A default inbound policy annotation must name one (a typo would otherwise fall back to
+/// a more permissive policy unnoticed).
+pub(super) fn check_policy_annotation(meta: &ObjectMeta, object: &str) -> Result<(), ConvertError> {
+    let key = ambit_api::policy::DEFAULT_INBOUND_POLICY_ANNOTATION;
+    match meta.annotations.as_ref().and_then(|a| a.get(key)) {
+        Some(v) if !ambit_api::policy::DEFAULT_POLICIES.contains(&v.as_str()) => Err(err(
+            object,
+            &format!("metadata.annotations[\"{key}\"]"),
+            ambit_api::policy::unknown_policy(v),
+        )),
+        _ => Ok(()),
+    }
+}
+
 pub(super) fn parse_ip(s: &str, object: &str, field: &str) -> Result<IpAddr, ConvertError> {
     s.parse()
         .map_err(|_| err(object, field, format!("{s:?} is not an IP address")))

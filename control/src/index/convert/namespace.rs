@@ -1,6 +1,6 @@
 //! Namespace: whether it is meshed, and the annotations its pods inherit.
 
-use super::{check_port_annotations, err, mesh_annotation, ConvertError};
+use super::{check_policy_annotation, check_port_annotations, err, mesh_annotation, ConvertError};
 use crate::index::model::NamespaceInfo;
 use k8s_openapi::api::core::v1::Namespace;
 
@@ -15,6 +15,7 @@ pub(crate) fn namespace(ns: &Namespace) -> Result<(String, NamespaceInfo), Conve
     let object = format!("Namespace {name}");
     let meshed = mesh_annotation(&ns.metadata, &object)?;
     check_port_annotations(&ns.metadata, &object)?;
+    check_policy_annotation(&ns.metadata, &object)?;
     Ok((
         name,
         NamespaceInfo {

@@ -1,8 +1,8 @@
 //! Pod: where it runs, its addresses, identity and mesh annotations.
 
 use super::{
-    check_port_annotations, err, mesh_annotation, namespaced_name, parse_ip, ConvertError,
-    NETNS_ANNOTATION,
+    check_policy_annotation, check_port_annotations, err, mesh_annotation, namespaced_name,
+    parse_ip, ConvertError, NETNS_ANNOTATION,
 };
 use crate::index::model::PodInfo;
 use ambit_api::WorkloadIdentity;
@@ -71,6 +71,7 @@ pub(crate) fn pod(pod: &Pod, trust_domain: &str) -> Result<PodInfo, ConvertError
         .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
 
     check_port_annotations(&pod.metadata, &object)?;
+    check_policy_annotation(&pod.metadata, &object)?;
     let annotations = pod.metadata.annotations.clone().unwrap_or_default();
     Ok(PodInfo {
         workload: workload_name(pod, &name),
@@ -88,7 +89,49 @@ pub(crate) fn pod(pod: &Pod, trust_domain: &str) -> Result<PodInfo, ConvertError
         ready,
         annotations,
         labels: pod.metadata.labels.clone().unwrap_or_default(),
+        probes: spec.map(probes).unwrap_or_default(),
         namespace,
         name,
     })
+}
+
+/// The kubelet's HTTP probes (liveness, readiness, startup) of every container, as port →
+/// paths; a named port is its container port's number. A probe whose port names no
+/// container port is left out (the kubelet cannot run it either).
+fn probes(
+    spec: &k8s_openapi::api::core::v1::PodSpec,
+) -> std::collections::BTreeMap<u16, Vec<String>> {
+    use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+    let mut out: std::collections::BTreeMap<u16, Vec<String>> = std::collections::BTreeMap::new();
+    for c in &spec.containers {
+        let named = |name: &str| {
+            c.ports
+                .iter()
+                .flatten()
+                .find(|p| p.name.as_deref() == Some(name))
+                .and_then(|p| u16::try_from(p.container_port).ok())
+        };
+        for probe in [&c.liveness_probe, &c.readiness_probe, &c.startup_probe]
+            .into_iter()
+            .flatten()
+        {
+            let Some(get) = &probe.http_get else { continue };
+            let port = match &get.port {
+                IntOrString::Int(n) => u16::try_from(*n).ok(),
+                IntOrString::String(name) => named(name),
+            };
+            if let Some(port) = port.filter(|p| *p != 0) {
+                let path = get
+                    .path
+                    .clone()
+                    .filter(|p| !p.is_empty())
+                    .unwrap_or_else(|| "/".into());
+                let paths = out.entry(port).or_default();
+                if !paths.contains(&path) {
+                    paths.push(path);
+                }
+            }
+        }
+    }
+    out
 }
