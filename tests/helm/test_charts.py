@@ -250,3 +250,27 @@ def test_sample_policy_objects_validate_against_the_crds_and_wrong_ones_do_not(k
     bad.update({"apiVersion": "x/v1", "kind": kind, "metadata": {"name": "sample", "namespace": "shop"}})
     with pytest.raises(jsonschema.ValidationError):
         check(schema, bad)
+
+
+def test_the_default_inbound_policy_reaches_the_control_plane_and_every_proxy(pki):
+    values = sample_values(pki)
+    values["defaultInboundPolicy"] = "all-authenticated"
+    values["clusterNetworks"] = "10.0.0.0/8,fd00::/8"
+    objects = render(AMBIT, values)
+    control = chartlib.container(objects, "Deployment", "ambit-control", "ambit-control")
+    proxy = chartlib.container(objects, "DaemonSet", "ambit-proxy", "ambit-proxy")
+    for c in (control, proxy):
+        env = chartlib.invocation(c)["env"]
+        assert env["AMBIT_DEFAULT_INBOUND_POLICY"] == "all-authenticated"
+        assert env["AMBIT_CLUSTER_NETWORKS"] == "10.0.0.0/8,fd00::/8"
+    assert chartlib.invocation(proxy)["env"]["AMBIT_POLICY_URL"] == "https://ambit-control.ambit.svc:8090"
+    assert {"name": "policy-grpc", "containerPort": 8090} in control["ports"]
+    service = find(objects, "Service", "ambit-control")
+    assert {"name": "policy-grpc", "port": 8090, "targetPort": "policy-grpc", "appProtocol": "grpc"} in service["spec"]["ports"]
+    for bad in ({"defaultInboundPolicy": "allow-all"}, {"clusterNetworks": "everything"}):
+        chart = helm_python.Chart.load(str(AMBIT))
+        try:
+            with pytest.raises(helm_python.HelmValuesError):
+                chart.validate_schema(bad)
+        finally:
+            chart.close()
