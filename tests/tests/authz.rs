@@ -434,3 +434,69 @@ async fn the_control_planes_policy_applies_to_running_pods_keeps_probes_and_ends
     );
     m.stop().await;
 }
+
+#[tokio::test]
+async fn the_policy_stream_is_node_scoped() {
+    use ambit_api::proto::policy::inbound_policy_client::InboundPolicyClient;
+    use ambit_api::proto::policy::WatchRequest;
+    let t = Topology::new(&["client", "server", "outside"]);
+    let cp = ControlPlane::start(&annotated_cluster(&t, "deny"), &["node-a", "node-b"]).await;
+    let mut client = InboundPolicyClient::new(cp.channel(&cp.policy_url()));
+    let watch = |node: &str, token: &str| {
+        let mut req = tonic::Request::new(WatchRequest { node: node.into() });
+        req.metadata_mut().insert(
+            "authorization",
+            format!("Bearer {}", ambit_e2e::node_token(token))
+                .parse()
+                .unwrap(),
+        );
+        req
+    };
+    // Another node's name with this node's token: refused, and counted.
+    let s = client.watch(watch("node-b", "node-a")).await.unwrap_err();
+    assert_eq!(s.code(), tonic::Code::PermissionDenied);
+    assert!(s.message().contains("belongs to node node-a"), "{s:?}");
+    let s = client
+        .watch(WatchRequest {
+            node: "node-a".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(s.code(), tonic::Code::Unauthenticated);
+    // Its own: a snapshot of its own meshed pods only (the unmeshed `outside` is on node-a
+    // too), with the namespace's policy and the pod's own override.
+    let mut stream = client
+        .watch(watch("node-a", "node-a"))
+        .await
+        .unwrap()
+        .into_inner();
+    let first = stream.message().await.unwrap().unwrap();
+    assert!(first.snapshot && !first.more, "{first:?}");
+    let pods: Vec<(&str, &str)> = first
+        .pods
+        .iter()
+        .map(|p| (p.pod.as_str(), p.default.as_ref().unwrap().name.as_str()))
+        .collect();
+    assert_eq!(pods, [("shop/client", "all-unauthenticated")]);
+    let mut stream = client
+        .watch(watch("node-b", "node-b"))
+        .await
+        .unwrap()
+        .into_inner();
+    let first = stream.message().await.unwrap().unwrap();
+    assert_eq!(first.pods.len(), 1);
+    let server = &first.pods[0];
+    assert_eq!(server.pod, "shop/server");
+    assert_eq!(server.default.as_ref().unwrap().name, "deny");
+    assert_eq!(server.ports.len(), 1);
+    assert_eq!(
+        (server.ports[0].port, server.ports[0].probe_paths.clone()),
+        (8080, vec!["/healthz".to_string()])
+    );
+    assert!(cp
+        .metrics()
+        .await
+        .contains("policy_watches_refused_total 2"));
+    cp.stop().await;
+    drop(t);
+}
