@@ -12,14 +12,17 @@
 //! - `watch`: chunked watch streams, bookmarks, ERROR 410 for a compacted version.
 //! - `select`: label and field selectors.
 //! - `tokenreview`: TokenReview answers from registered tokens ([`TokenIdentity`]).
+//! - `proxy`: the pods/proxy subresource, forwarded to the pod's `podIP` and port.
 //! - `server`: TLS, the caller's bearer token, routing; `tls`: the test CA.
 //!
 //! What it does not do: writes over HTTP other than TokenReviews (tests write through
-//! [`FakeKube::apply`] and [`FakeKube::delete`]), subresources, protobuf, discovery
+//! [`FakeKube::apply`] and [`FakeKube::delete`]), subresources other than a `GET` through
+//! pods/proxy, protobuf, discovery
 //! (`/api`, `/apis`), finalizers and graceful deletion, RBAC (one caller token is
 //! allowed everything), admission defaults.
 
 mod list;
+mod proxy;
 mod resource;
 mod select;
 mod server;

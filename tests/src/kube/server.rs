@@ -1,12 +1,13 @@
 //! HTTPS and routing: the caller's bearer token, the API paths kube-rs builds, list and
 //! get (with `limit`/`continue` paging and selectors); watches go to `watch`, reviews
-//! to `tokenreview`.
+//! to `tokenreview`, pods/proxy to `proxy`.
 
+use super::proxy::PodProxy;
 use super::select::Filter;
 use super::status::Failure;
 use super::store::{key, Store};
 use super::watch::WatchRequest;
-use super::{tokenreview, watch, RequestRecord, Shared};
+use super::{proxy, tokenreview, watch, RequestRecord, Shared};
 use bytes::Bytes;
 use futures::StreamExt;
 use http::{Method, Request, Response, StatusCode};
@@ -78,6 +79,7 @@ enum Route {
     },
     TokenReviews,
     Version,
+    PodProxy(PodProxy),
 }
 
 async fn handle(shared: &Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
@@ -97,6 +99,12 @@ async fn handle(shared: &Arc<Shared>, req: Request<Incoming>) -> Response<Body> 
     } else {
         match (route, method.clone()) {
             (Some(Route::Version), Method::GET) => whole(200, &version()),
+            (Some(Route::PodProxy(target)), Method::GET) => {
+                match proxy::forward(shared, &target, req.uri().query()).await {
+                    Ok(answer) => answer.map(|b| UnsyncBoxBody::new(Full::new(b))),
+                    Err(f) => failure(&f),
+                }
+            }
             (Some(Route::TokenReviews), Method::POST) => match req.into_body().collect().await {
                 Ok(body) => create_review(shared, &body.to_bytes()),
                 Err(e) => failure(&Failure::bad_request(e.to_string())),
@@ -140,6 +148,10 @@ fn describe(
     let (verb, resource) = match (route, method) {
         (Some(Route::TokenReviews), _) => ("create", "tokenreviews".to_string()),
         (Some(Route::Version), _) => ("get", "version".to_string()),
+        (Some(Route::PodProxy(_)), m) => (
+            if m == Method::GET { "get" } else { "other" },
+            "pods/proxy".to_string(),
+        ),
         (Some(Route::Objects { kind, name, .. }), &Method::GET) => {
             let plural = shared.lock_store().ty(*kind).plural.clone();
             let watch = matches!(query.get("watch").map(String::as_str), Some("true" | "1"));
@@ -160,6 +172,9 @@ fn describe(
 
 /// `/api/v1/...` and `/apis/<group>/<version>/...`.
 fn route(store: &Store, path: &str) -> Option<Route> {
+    if let Some(target) = PodProxy::parse(path) {
+        return Some(Route::PodProxy(target));
+    }
     let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
     let (group, version, rest) = match segments[..] {
         ["version"] => return Some(Route::Version),

@@ -79,6 +79,12 @@ impl Failure {
         )
     }
 
+    /// 503 `ServiceUnavailable`, as for a pod the API server cannot reach through its
+    /// proxy subresource.
+    pub fn service_unavailable(message: impl Into<String>) -> Self {
+        Self::new(503, "ServiceUnavailable", message)
+    }
+
     /// 422 `Invalid`.
     pub fn invalid(message: impl Into<String>) -> Self {
         Self::new(422, "Invalid", message)
