@@ -11,11 +11,12 @@
 //! `svc/NAME` or `sa/NAME` when no workload the proxies report has that name (a node not
 //! scraped, a Service outside the mesh), a plaintext client as `(unmeshed)`.
 
+use crate::stat::kube::KubeArgs;
 use crate::stat::parse::Sample;
 use crate::stat::render::columns;
-use crate::stat::scrape::{Flags, ProxySource};
+use crate::stat::scrape::ProxySource;
 use crate::stat::traffic::{Direction, Directory, Peer, Traffic};
-use crate::stat::{compute::Snapshot, ProxyArgs};
+use crate::stat::{compute::Snapshot, ProxyArgs, Source};
 use ambit_api::WorkloadIdentity;
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
@@ -38,6 +39,7 @@ pub enum Format {
 Examples:
   ambit edges deploy -n shop --proxy-admin http://10.0.0.1:4191 http://10.0.0.2:4191
   ambit edges pod -o json
+  ambit edges deploy --kube --kubeconfig ~/.kube/prod   the proxies through the API server
 
 SECURED is √ when the hop was mTLS as each proxy that saw it says (tls=\"true\"). CLIENT_ID
 is the identity the server's proxy saw, SERVER_ID the one the client's proxy required. The
@@ -259,7 +261,8 @@ pub async fn execute(
         "pod" | "po" | "pods" => true,
         other => anyhow::bail!("{other:?}: `ambit edges` shows deploy or pod edges"),
     };
-    let Snapshot { proxies } = crate::stat::scrape_once(source, args.proxies.timeout, warn).await?;
+    let (Snapshot { proxies }, _) =
+        crate::stat::scrape_once(source, args.proxies.timeout, warn).await?;
     let samples: Vec<&Sample> = proxies.values().flatten().collect();
     let rows = edges(&samples, pods, args.namespace.as_deref());
     if rows.is_empty() && args.output != Format::Json {
@@ -273,9 +276,8 @@ pub async fn execute(
 }
 
 /// `ambit edges`.
-pub fn run(args: EdgesArgs) -> anyhow::Result<()> {
-    let urls = args.proxies.urls();
-    let source = Flags(&urls);
+pub fn run(args: EdgesArgs, kube: &KubeArgs) -> anyhow::Result<()> {
+    let source = Source::of(&args.proxies, kube);
     let text = crate::stat::runtime()?.block_on(execute(&args, &source, &mut std::io::stderr()))?;
     crate::stat::print(&text)
 }

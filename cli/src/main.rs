@@ -44,14 +44,26 @@ enum Command {
     /// MESHED, SUCCESS, RPS, LATENCY_P50/P95/P99 and TCP_CONN over a window (`-t`): the
     /// node proxies' `/metrics` (`--proxy-admin`) scraped at its start and end, rates and
     /// quantiles as PromQL's `rate` and `histogram_quantile` compute them. `--from` /
-    /// `--to` for one edge; `-o wide` adds byte rates and the mTLS share; `-o json`.
-    Stat(stat::StatArgs),
+    /// `--to` for one edge; `-o wide` adds byte rates and the mTLS share; `-o json`. With
+    /// `--kube`, the proxies are the API server's node proxy pods, read through its pod
+    /// proxy.
+    Stat {
+        #[command(flatten)]
+        args: stat::StatArgs,
+        #[command(flatten)]
+        kube: stat::kube::KubeArgs,
+    },
     /// Who talks to whom, and whether it is encrypted, as `linkerd viz edges`.
     ///
     /// One row per (source, destination) workload or pod seen in one scrape of the node
     /// proxies' `/metrics`: the identity the server saw (CLIENT_ID), the one the client
     /// required (SERVER_ID), and SECURED √ when the hop was mTLS.
-    Edges(edges::EdgesArgs),
+    Edges {
+        #[command(flatten)]
+        args: edges::EdgesArgs,
+        #[command(flatten)]
+        kube: stat::kube::KubeArgs,
+    },
     /// Run the whole mesh on this machine: two nodes, the control plane, two node proxies
     /// and a sample application with load (`up`, `down`, `exec`); alone, `up`, a refreshing
     /// `ambit stat` until Ctrl-C, then `down`.
@@ -65,8 +77,8 @@ fn main() -> anyhow::Result<()> {
             let code = check::run(args)?;
             std::process::exit(code)
         }
-        Command::Stat(args) => stat::run(args),
-        Command::Edges(args) => edges::run(args),
+        Command::Stat { args, kube } => stat::run(args, &kube),
+        Command::Edges { args, kube } => edges::run(args, &kube),
         Command::Demo(args) => {
             let code = demo::run(args)?;
             std::process::exit(code)

@@ -1,7 +1,8 @@
 //! `ambit stat`: golden metrics per workload, pod or namespace, from the node proxies'
 //! `/metrics`, as `linkerd viz stat` shows them from Prometheus.
 //!
-//! - `scrape`: where the proxies are ([`scrape::ProxySource`]) and reading their metrics.
+//! - `scrape`: where the proxies are ([`scrape::ProxySource`]) and reading their metrics;
+//!   `kube`: the proxies' pods through the Kubernetes API server (`--kube`).
 //! - `parse`: the text exposition format into samples.
 //! - `traffic`: the proxies' traffic series, typed, and who the peer of each was (shared
 //!   with `ambit edges`).
@@ -10,6 +11,7 @@
 //! - `render`: the table and JSON.
 
 pub mod compute;
+pub mod kube;
 pub mod parse;
 mod quantile;
 pub mod render;
@@ -23,17 +25,18 @@ pub(crate) mod tests;
 
 use anyhow::{bail, Context};
 use compute::{Edge, Resource, Selection, Snapshot, Target};
+use kube::KubeArgs;
 use render::Format;
-use scrape::{ProxySource, ScrapeError};
+use scrape::{Finding, Flags, Found, Proxy, ProxySource, ScrapeError};
 use std::io::Write;
 use std::time::Duration;
 
-/// Where the node proxies are, for `ambit stat` and `ambit edges`.
+/// Where the node proxies are, for `ambit stat` and `ambit edges` (with [`KubeArgs`]).
 #[derive(Debug, clap::Args)]
 pub struct ProxyArgs {
     /// The node proxies' admin servers, one per node (http://HOST:4191); several may follow
     /// one flag, or repeat it [default: the running demo's proxies, else
-    /// http://127.0.0.1:4191].
+    /// http://127.0.0.1:4191; or --kube].
     #[arg(long = "proxy-admin", value_name = "URL", num_args = 1..)]
     pub proxy_admin: Vec<String>,
     /// How long each proxy may take to answer.
@@ -50,6 +53,7 @@ Examples:
   ambit stat deploy --from deploy/web      what web sends, by destination
   ambit stat pod --to deploy/api -o wide   who calls api, by client pod
   ambit stat ns -o json
+  ambit stat deploy --kube                 the proxies through the Kubernetes API server
 
 Without --from/--to a row counts what its pods receive (the servers' view). --from and
 --to count what clients send (the outbound side), so they include failures the client saw.
@@ -103,6 +107,42 @@ impl ProxyArgs {
             Err(e) => eprintln!("ignoring the demo's state: {e:#}"),
         }
         vec!["http://127.0.0.1:4191".into()]
+    }
+}
+
+/// Where `ambit stat` and `ambit edges` find the node proxies.
+#[derive(Debug)]
+pub enum Source<'a> {
+    /// `--kube`: the pods, through the API server.
+    Kube(kube::Pods<'a>),
+    /// Admin URLs.
+    Urls(Vec<String>),
+}
+
+impl<'a> Source<'a> {
+    /// The pods with `--kube`, else [`ProxyArgs::urls`].
+    pub fn of(proxies: &ProxyArgs, kube: &'a KubeArgs) -> Self {
+        if kube.kube {
+            Self::Kube(kube::Pods(kube))
+        } else {
+            Self::Urls(proxies.urls())
+        }
+    }
+}
+
+impl ProxySource for Source<'_> {
+    fn find(&self) -> Finding<'_> {
+        match self {
+            Self::Kube(pods) => pods.find(),
+            Self::Urls(urls) => Box::pin(std::future::ready(Flags(urls).found())),
+        }
+    }
+
+    fn advice(&self) -> String {
+        match self {
+            Self::Kube(pods) => pods.advice(),
+            Self::Urls(urls) => Flags(urls).advice(),
+        }
     }
 }
 
@@ -166,22 +206,29 @@ pub fn report(failed: &[ScrapeError], warn: &mut dyn Write) {
     }
 }
 
-/// Scrapes `source`'s proxies once; an error when none answered.
+/// Scrapes `source`'s proxies once (why any was skipped goes to `warn`): the metrics, and
+/// the proxies that answered; an error when none did.
 pub async fn scrape_once(
     source: &dyn ProxySource,
     timeout: Duration,
     warn: &mut dyn Write,
-) -> anyhow::Result<Snapshot> {
-    let urls = source.proxies().map_err(anyhow::Error::msg)?;
-    let (proxies, failed) = scrape::scrape_all(&urls, timeout).await;
+) -> anyhow::Result<(Snapshot, Vec<Proxy>)> {
+    let Found { proxies, skipped } = source.find().await.map_err(anyhow::Error::msg)?;
+    report(&skipped, warn);
+    let (answered, failed) = scrape::scrape_all(&proxies, timeout).await;
     report(&failed, warn);
-    if proxies.is_empty() {
+    if answered.is_empty() {
         bail!(
-            "none of the {} node proxies answered (above: why); check the --proxy-admin URLs (http://HOST:4191) and that the proxies run",
-            urls.len()
+            "none of the {} node proxies answered (above: why); {}",
+            proxies.len(),
+            source.advice()
         );
     }
-    Ok(Snapshot { proxies })
+    let answering = proxies
+        .into_iter()
+        .filter(|p| answered.contains_key(&p.to_string()))
+        .collect();
+    Ok((Snapshot { proxies: answered }, answering))
 }
 
 /// `ambit stat` against the proxies of `source`: the text to print; why a proxy was
@@ -193,16 +240,10 @@ pub async fn execute(
 ) -> anyhow::Result<String> {
     let sel = selection(args).map_err(anyhow::Error::msg)?;
     let start = tokio::time::Instant::now();
-    let before = scrape_once(source, args.proxies.timeout, warn).await?;
+    // Only the proxies that answered the first time can give a rate.
+    let (before, again) = scrape_once(source, args.proxies.timeout, warn).await?;
     tokio::time::sleep_until(start + args.window).await;
     let end = tokio::time::Instant::now();
-    // Only the proxies that answered the first time can give a rate.
-    let again: Vec<scrape::AdminUrl> = source
-        .proxies()
-        .map_err(anyhow::Error::msg)?
-        .into_iter()
-        .filter(|u| before.proxies.contains_key(&u.to_string()))
-        .collect();
     let (proxies, failed) = scrape::scrape_all(&again, args.proxies.timeout).await;
     report(&failed, warn);
     if proxies.is_empty() {
@@ -237,9 +278,8 @@ pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 }
 
 /// `ambit stat`.
-pub fn run(args: StatArgs) -> anyhow::Result<()> {
-    let urls = args.proxies.urls();
-    let source = scrape::Flags(&urls);
+pub fn run(args: StatArgs, kube: &KubeArgs) -> anyhow::Result<()> {
+    let source = Source::of(&args.proxies, kube);
     let text = runtime()?.block_on(execute(&args, &source, &mut std::io::stderr()))?;
     print(&text)
 }

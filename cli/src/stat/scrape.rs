@@ -1,19 +1,28 @@
 //! Finding the node proxies and reading their `/metrics`.
 //!
-//! [`ProxySource`] is where the list of admin servers comes from: today the command line
-//! (`--proxy-admin`, [`Flags`]); the demo's state and the API server's pod proxy are other
-//! sources to add behind the same trait. [`scrape_all`] reads every proxy at once, with a
-//! timeout each, and reports the ones that did not answer instead of failing the command.
+//! A [`ProxySource`] says which node proxies there are, each a [`Proxy`] that knows how it
+//! is reached: its admin server directly ([`AdminUrl`]: `--proxy-admin`, [`Flags`]; the
+//! running demo's), or through the Kubernetes API server's pod proxy (`--kube`,
+//! [`super::kube`]). [`scrape_all`] reads every proxy at once, with a timeout each, and
+//! reports the ones that did not answer instead of failing the command. The commands do
+//! not see which way a proxy was reached.
 
+use super::kube::PodProxy;
 use super::parse::{parse, Sample};
 use http_body_util::{BodyExt, Empty, Limited};
 use hyper::body::Bytes;
 use std::collections::BTreeMap;
 use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
 use std::time::Duration;
 
 /// The largest `/metrics` body read (a node with many pods serves a few MiB).
-const MAX_BODY: usize = 64 << 20;
+pub(super) const MAX_BODY: usize = 64 << 20;
+
+/// What a scraper accepts: OpenMetrics, else the Prometheus text format.
+pub(super) const ACCEPT: &str =
+    "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5";
 
 /// A node proxy's admin server, parsed from `http://HOST:PORT[/PATH]`.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -73,18 +82,97 @@ impl fmt::Display for AdminUrl {
     }
 }
 
-/// Where the node proxies' admin servers are.
+/// One node proxy to scrape, and how it is reached.
+#[derive(Clone, Debug)]
+pub enum Proxy {
+    /// Its admin server, directly.
+    Admin(AdminUrl),
+    /// Its pod, through the Kubernetes API server's pod proxy.
+    Pod(PodProxy),
+}
+
+impl Proxy {
+    /// The text of its `/metrics`; an error says what happened and what to do.
+    async fn fetch(&self) -> Result<String, ScrapeError> {
+        match self {
+            Self::Admin(url) => get(url).await,
+            Self::Pod(pod) => pod.get().await,
+        }
+    }
+
+    /// What to ask when it answers, but not with metrics.
+    fn is_it(&self) -> String {
+        match self {
+            Self::Admin(_) => {
+                "is this a node proxy's admin server (port 4191, path /metrics)?".into()
+            }
+            Self::Pod(pod) => format!(
+                "is port {} of the pod the node proxy's admin server?",
+                pod.port()
+            ),
+        }
+    }
+
+    /// What to ask when it does not answer in time.
+    fn slow(&self) -> String {
+        match self {
+            Self::Admin(_) => {
+                "is this the node proxy's admin port (4191), and is the proxy running?".into()
+            }
+            Self::Pod(pod) => format!(
+                "are the API server and the pod up ({})?",
+                pod.kubectl("get pod")
+            ),
+        }
+    }
+}
+
+impl From<AdminUrl> for Proxy {
+    fn from(url: AdminUrl) -> Self {
+        Self::Admin(url)
+    }
+}
+
+/// Names the proxy in messages and in a [`super::compute::Snapshot`] (stable across
+/// scrapes).
+impl fmt::Display for Proxy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Admin(url) => url.fmt(f),
+            Self::Pod(pod) => pod.fmt(f),
+        }
+    }
+}
+
+/// What a [`ProxySource`] found.
+#[derive(Debug, Default)]
+pub struct Found {
+    /// The proxies to scrape.
+    pub proxies: Vec<Proxy>,
+    /// Those it knows of but that cannot be scraped (a pod not running): why, and what to
+    /// do.
+    pub skipped: Vec<ScrapeError>,
+}
+
+/// What [`ProxySource::find`] answers with.
+pub type Finding<'a> = Pin<Box<dyn Future<Output = Result<Found, String>> + 'a>>;
+
+/// Where the node proxies are.
 pub trait ProxySource {
-    /// The admin servers to scrape; an error says what is wrong with the source.
-    fn proxies(&self) -> Result<Vec<AdminUrl>, String>;
+    /// The proxies to scrape; an error says what is wrong with the source and what to do.
+    fn find(&self) -> Finding<'_>;
+
+    /// What to check when none of the proxies answers.
+    fn advice(&self) -> String;
 }
 
 /// `--proxy-admin URL...`.
 #[derive(Debug)]
 pub struct Flags<'a>(pub &'a [String]);
 
-impl ProxySource for Flags<'_> {
-    fn proxies(&self) -> Result<Vec<AdminUrl>, String> {
+impl Flags<'_> {
+    /// The URLs, parsed, without duplicates.
+    pub fn urls(&self) -> Result<Vec<AdminUrl>, String> {
         let mut urls: Vec<AdminUrl> = self
             .0
             .iter()
@@ -96,6 +184,24 @@ impl ProxySource for Flags<'_> {
             return Err("no node proxy to ask: give --proxy-admin http://HOST:4191".into());
         }
         Ok(urls)
+    }
+
+    /// The proxies at the URLs.
+    pub fn found(&self) -> Result<Found, String> {
+        Ok(Found {
+            proxies: self.urls()?.into_iter().map(Proxy::Admin).collect(),
+            skipped: Vec::new(),
+        })
+    }
+}
+
+impl ProxySource for Flags<'_> {
+    fn find(&self) -> Finding<'_> {
+        Box::pin(std::future::ready(self.found()))
+    }
+
+    fn advice(&self) -> String {
+        "check the --proxy-admin URLs (http://HOST:4191) and that the proxies run".into()
     }
 }
 
@@ -111,18 +217,20 @@ impl fmt::Display for ScrapeError {
 
 impl std::error::Error for ScrapeError {}
 
-/// `GET` the metrics of one proxy and parse them.
-pub async fn scrape(url: &AdminUrl, timeout: Duration) -> Result<Vec<Sample>, ScrapeError> {
-    let text = tokio::time::timeout(timeout, get(url))
+/// Reads the metrics of one proxy and parses them.
+pub async fn scrape(proxy: &Proxy, timeout: Duration) -> Result<Vec<Sample>, ScrapeError> {
+    let text = tokio::time::timeout(timeout, proxy.fetch())
         .await
         .map_err(|_| {
             ScrapeError(format!(
-                "{url}: no answer within {timeout:?}; is this the node proxy's admin port (4191), and is the proxy running? (--timeout to wait longer)"
+                "{proxy}: no answer within {timeout:?}; {} (--timeout to wait longer)",
+                proxy.slow()
             ))
         })??;
     parse(&text).map_err(|e| {
         ScrapeError(format!(
-            "{url}: {e}: not Prometheus text metrics; is this a node proxy's admin server (port 4191, path /metrics)?"
+            "{proxy}: {e}: not Prometheus text metrics; {}",
+            proxy.is_it()
         ))
     })
 }
@@ -143,10 +251,7 @@ async fn get(url: &AdminUrl) -> Result<String, ScrapeError> {
     let conn = tokio::spawn(conn);
     let req = hyper::Request::get(&url.path)
         .header(hyper::header::HOST, &url.authority)
-        .header(
-            hyper::header::ACCEPT,
-            "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5",
-        )
+        .header(hyper::header::ACCEPT, ACCEPT)
         .body(Empty::new())
         .map_err(|e| fail(e.to_string()))?;
     let result = async {
@@ -175,16 +280,16 @@ async fn get(url: &AdminUrl) -> Result<String, ScrapeError> {
     result
 }
 
-/// Scrapes every proxy at once: the metrics of those that answered, and the errors of
-/// those that did not.
-pub async fn scrape_all(
-    urls: &[AdminUrl],
+/// Scrapes every proxy at once (a [`Proxy`], or an [`AdminUrl`]): the metrics of those
+/// that answered, by [`Proxy`]'s name, and the errors of those that did not.
+pub async fn scrape_all<P: Clone + Into<Proxy>>(
+    proxies: &[P],
     timeout: Duration,
 ) -> (BTreeMap<String, Vec<Sample>>, Vec<ScrapeError>) {
     let mut tasks = tokio::task::JoinSet::new();
-    for url in urls {
-        let url = url.clone();
-        tasks.spawn(async move { (url.to_string(), scrape(&url, timeout).await) });
+    for proxy in proxies {
+        let proxy: Proxy = proxy.clone().into();
+        tasks.spawn(async move { (proxy.to_string(), scrape(&proxy, timeout).await) });
     }
     let (mut ok, mut failed) = (BTreeMap::new(), Vec::new());
     while let Some(done) = tasks.join_next().await {
@@ -235,12 +340,12 @@ mod tests {
             assert!(e.contains("http://"), "{bad}: {e}");
         }
         let e = Flags(&["http://a:1".into(), "nope".into()])
-            .proxies()
+            .urls()
             .unwrap_err();
         assert!(e.starts_with("--proxy-admin \"nope\""), "{e}");
         assert_eq!(
             Flags(&["http://a:1".into(), "http://a:1/".into()])
-                .proxies()
+                .urls()
                 .unwrap()
                 .len(),
             1

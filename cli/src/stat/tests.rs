@@ -617,7 +617,7 @@ async fn a_real_node_proxys_metrics_are_read() {
     let proxy = ambit_e2e::NodeProxy::start(&cp, "node-a").await;
     let url = format!("http://{}", proxy.admin_addr);
     let samples = super::scrape::scrape(
-        &super::scrape::AdminUrl::parse(&url).unwrap(),
+        &super::scrape::AdminUrl::parse(&url).unwrap().into(),
         Duration::from_secs(5),
     )
     .await
