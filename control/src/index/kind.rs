@@ -16,16 +16,28 @@ pub enum Kind {
     Service,
     /// discovery.k8s.io/v1 EndpointSlice.
     EndpointSlice,
+    /// policy.ambit.dev/v1alpha1 Server.
+    Server,
+    /// policy.ambit.dev/v1alpha1 AuthorizationPolicy.
+    AuthorizationPolicy,
+    /// policy.ambit.dev/v1alpha1 MeshTLSAuthentication.
+    MeshTlsAuthentication,
+    /// policy.ambit.dev/v1alpha1 NetworkAuthentication.
+    NetworkAuthentication,
 }
 
 impl Kind {
     /// Every kind, in the order a backend lists them.
-    pub const ALL: [Kind; 5] = [
+    pub const ALL: [Kind; 9] = [
         Kind::Namespace,
         Kind::Pod,
         Kind::ServiceAccount,
         Kind::Service,
         Kind::EndpointSlice,
+        Kind::Server,
+        Kind::AuthorizationPolicy,
+        Kind::MeshTlsAuthentication,
+        Kind::NetworkAuthentication,
     ];
 
     /// The kind's name, as in `kind:`.
@@ -36,6 +48,10 @@ impl Kind {
             Kind::ServiceAccount => "ServiceAccount",
             Kind::Service => "Service",
             Kind::EndpointSlice => "EndpointSlice",
+            Kind::Server => "Server",
+            Kind::AuthorizationPolicy => "AuthorizationPolicy",
+            Kind::MeshTlsAuthentication => "MeshTLSAuthentication",
+            Kind::NetworkAuthentication => "NetworkAuthentication",
         }
     }
 
@@ -43,8 +59,20 @@ impl Kind {
     pub fn api_version(self) -> &'static str {
         match self {
             Kind::EndpointSlice => "discovery.k8s.io/v1",
+            k if k.is_policy() => super::crd::POLICY_API_VERSION,
             _ => "v1",
         }
+    }
+
+    /// Whether this is one of the policy kinds (`policy.ambit.dev`).
+    pub fn is_policy(self) -> bool {
+        matches!(
+            self,
+            Kind::Server
+                | Kind::AuthorizationPolicy
+                | Kind::MeshTlsAuthentication
+                | Kind::NetworkAuthentication
+        )
     }
 
     /// Whether objects of this kind live in a namespace.

@@ -6,8 +6,10 @@
 //! it is tested by applying objects synchronously.
 
 mod convert;
+pub mod crd;
 mod kind;
 mod model;
+pub mod policy;
 
 pub use convert::{
     ConvertError, KubeObject, ObjectRef, NETNS_ANNOTATION, OPAQUE_PORTS_ANNOTATION,
@@ -17,6 +19,7 @@ pub use kind::Kind;
 pub use model::{EndpointInfo, NamespaceInfo, PodInfo, PortHints, ServiceInfo, ServicePort};
 
 use ambit_api::WorkloadIdentity;
+use policy::{AuthorizationPolicyInfo, MeshTlsInfo, NetworkAuthInfo, ServerInfo};
 use std::collections::BTreeMap;
 use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard};
 use tokio::sync::watch;
@@ -37,6 +40,14 @@ pub struct ClusterIndex {
     /// (namespace, Service) → its EndpointSlices' names: rendering a Service's endpoints
     /// looks up its slices instead of scanning every slice of the cluster.
     slices_by_service: BTreeMap<(String, String), std::collections::BTreeSet<String>>,
+    /// Servers by (namespace, name).
+    servers: BTreeMap<(String, String), ServerInfo>,
+    /// AuthorizationPolicies by (namespace, name).
+    authorization_policies: BTreeMap<(String, String), AuthorizationPolicyInfo>,
+    /// MeshTLSAuthentications by (namespace, name).
+    mesh_tls: BTreeMap<(String, String), MeshTlsInfo>,
+    /// NetworkAuthentications by (namespace, name).
+    network_auth: BTreeMap<(String, String), NetworkAuthInfo>,
     /// Whether pods may name their network namespace (`local.ambit.dev/netns`): only
     /// the local backend, whose YAML the operator writes. From an API server, where
     /// anyone who can create a pod sets its annotations, the annotation is ignored.
@@ -123,6 +134,24 @@ impl ClusterIndex {
                     .insert(key.1.clone());
                 self.endpoint_slices.insert(key, (service, endpoints));
             }
+            KubeObject::Server(s) => {
+                let s = convert::server(&s)?;
+                self.servers
+                    .insert((s.namespace.clone(), s.name.clone()), s);
+            }
+            KubeObject::AuthorizationPolicy(p) => {
+                let p = convert::authorization_policy(&p, &self.trust_domain)?;
+                self.authorization_policies
+                    .insert((p.namespace.clone(), p.name.clone()), p);
+            }
+            KubeObject::MeshTlsAuthentication(m) => {
+                let (key, m) = convert::mesh_tls_authentication(&m, &self.trust_domain)?;
+                self.mesh_tls.insert(key, m);
+            }
+            KubeObject::NetworkAuthentication(n) => {
+                let (key, n) = convert::network_authentication(&n)?;
+                self.network_auth.insert(key, n);
+            }
         }
         Ok(())
     }
@@ -146,6 +175,18 @@ impl ClusterIndex {
             Kind::EndpointSlice => {
                 self.unlink_slice(&key);
                 self.endpoint_slices.remove(&key);
+            }
+            Kind::Server => {
+                self.servers.remove(&key);
+            }
+            Kind::AuthorizationPolicy => {
+                self.authorization_policies.remove(&key);
+            }
+            Kind::MeshTlsAuthentication => {
+                self.mesh_tls.remove(&key);
+            }
+            Kind::NetworkAuthentication => {
+                self.network_auth.remove(&key);
             }
         }
     }
@@ -196,6 +237,10 @@ impl ClusterIndex {
                     self.endpoint_slices.remove(&key);
                 }
             }
+            Kind::Server => self.servers.retain(|k, _| keep(k)),
+            Kind::AuthorizationPolicy => self.authorization_policies.retain(|k, _| keep(k)),
+            Kind::MeshTlsAuthentication => self.mesh_tls.retain(|k, _| keep(k)),
+            Kind::NetworkAuthentication => self.network_auth.retain(|k, _| keep(k)),
         }
         errors
     }
@@ -334,6 +379,49 @@ impl ClusterIndex {
             .collect()
     }
 
+    /// Every meshed pod that is scheduled and has not terminated, in (namespace, name)
+    /// order.
+    pub fn meshed_pods(&self) -> impl Iterator<Item = &PodInfo> {
+        self.pods
+            .values()
+            .filter(|p| p.node_name.is_some() && !p.is_terminated() && self.is_meshed(p))
+    }
+
+    /// The Servers of `namespace`, by name.
+    pub fn servers_in(&self, namespace: &str) -> impl Iterator<Item = &ServerInfo> {
+        in_namespace(&self.servers, namespace)
+    }
+
+    /// Every Server.
+    pub fn servers(&self) -> impl Iterator<Item = &ServerInfo> {
+        self.servers.values()
+    }
+
+    /// The AuthorizationPolicies of `namespace`, by name.
+    pub fn authorization_policies_in(
+        &self,
+        namespace: &str,
+    ) -> impl Iterator<Item = &AuthorizationPolicyInfo> {
+        in_namespace(&self.authorization_policies, namespace)
+    }
+
+    /// Every AuthorizationPolicy.
+    pub fn authorization_policies(&self) -> impl Iterator<Item = &AuthorizationPolicyInfo> {
+        self.authorization_policies.values()
+    }
+
+    /// A MeshTLSAuthentication by namespace and name.
+    pub fn mesh_tls_authentication(&self, namespace: &str, name: &str) -> Option<&MeshTlsInfo> {
+        self.mesh_tls
+            .get(&(namespace.to_string(), name.to_string()))
+    }
+
+    /// A NetworkAuthentication by namespace and name.
+    pub fn network_authentication(&self, namespace: &str, name: &str) -> Option<&NetworkAuthInfo> {
+        self.network_auth
+            .get(&(namespace.to_string(), name.to_string()))
+    }
+
     /// Forgets which Service the slice `key` belonged to.
     fn unlink_slice(&mut self, key: &(String, String)) {
         let Some((service, _)) = self.endpoint_slices.get(key) else {
@@ -349,7 +437,7 @@ impl ClusterIndex {
     }
 
     /// Counts of indexed objects by kind, for metrics and logs.
-    pub fn counts(&self) -> [(Kind, usize); 5] {
+    pub fn counts(&self) -> [(Kind, usize); Kind::ALL.len()] {
         Kind::ALL.map(|k| (k, self.count(k)))
     }
 
@@ -361,6 +449,10 @@ impl ClusterIndex {
             Kind::ServiceAccount => self.service_accounts.len(),
             Kind::Service => self.services.len(),
             Kind::EndpointSlice => self.endpoint_slices.len(),
+            Kind::Server => self.servers.len(),
+            Kind::AuthorizationPolicy => self.authorization_policies.len(),
+            Kind::MeshTlsAuthentication => self.mesh_tls.len(),
+            Kind::NetworkAuthentication => self.network_auth.len(),
         }
     }
 
@@ -371,6 +463,17 @@ impl ClusterIndex {
             pod: pod.clone(),
         }
     }
+}
+
+/// The values of `map` whose key's namespace is `namespace`, in name order.
+fn in_namespace<'a, V>(
+    map: &'a BTreeMap<(String, String), V>,
+    namespace: &str,
+) -> impl Iterator<Item = &'a V> {
+    let ns = namespace.to_string();
+    map.range((ns.clone(), String::new())..)
+        .take_while(move |((n, _), _)| *n == ns)
+        .map(|(_, v)| v)
 }
 
 /// The index shared between a backend (writer) and the services (readers), with a

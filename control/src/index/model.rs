@@ -40,6 +40,8 @@ pub struct PodInfo {
     pub netns: Option<String>,
     /// The kubelet's HTTP probes: port → paths (they stay authorized under any policy).
     pub probes: BTreeMap<u16, Vec<String>>,
+    /// Named container ports, name → port (a Server may name its port).
+    pub container_ports: BTreeMap<String, u16>,
 }
 
 impl PodInfo {

@@ -9,6 +9,7 @@
 //! configuration (the pod's ServiceAccount), as kubectl and client-go find it.
 
 mod cache;
+mod crd;
 mod metrics;
 pub mod tokenreview;
 mod watch;
@@ -19,6 +20,9 @@ pub use tokenreview::TokenReviewAuth;
 use crate::auth::NodeAuthenticator;
 use crate::backend::{Backend, Shutdown};
 use crate::config::Config;
+use crate::index::crd::{
+    AuthorizationPolicy, MeshTlsAuthentication, NetworkAuthentication, Server,
+};
 use crate::index::{ClusterIndex, Kind, KubeObject, SharedIndex};
 use crate::ready::Readiness;
 use crate::StartError;
@@ -95,6 +99,25 @@ fn watch_kind(
             Api::<EndpointSlice>::all(c),
             kind,
             KubeObject::EndpointSlice,
+            cx,
+        )),
+        Kind::Server => Box::pin(watch(Api::<Server>::all(c), kind, KubeObject::Server, cx)),
+        Kind::AuthorizationPolicy => Box::pin(watch(
+            Api::<AuthorizationPolicy>::all(c),
+            kind,
+            KubeObject::AuthorizationPolicy,
+            cx,
+        )),
+        Kind::MeshTlsAuthentication => Box::pin(watch(
+            Api::<MeshTlsAuthentication>::all(c),
+            kind,
+            KubeObject::MeshTlsAuthentication,
+            cx,
+        )),
+        Kind::NetworkAuthentication => Box::pin(watch(
+            Api::<NetworkAuthentication>::all(c),
+            kind,
+            KubeObject::NetworkAuthentication,
             cx,
         )),
     }

@@ -27,7 +27,14 @@ pub(super) struct WatchContext {
 
 /// What `/ready` waits for until `kind` has been listed once.
 pub(super) fn pending_label(kind: Kind) -> String {
-    format!("initial list of {kind} from the API server")
+    if kind.is_policy() {
+        // Listing fails (404) until the CRDs are installed: say where they come from.
+        format!(
+            "initial list of {kind} from the API server (its CRD comes with the ambit-crds chart)"
+        )
+    } else {
+        format!("initial list of {kind} from the API server")
+    }
 }
 
 /// Watches `api` until the stream ends (it does not: errors are retried with backoff).

@@ -51,7 +51,6 @@ impl fmt::Display for LocalError {
     }
 }
 
-/// Kinds the local backend reads, with their apiVersion.
 /// Parses every object of a (multi-document) YAML file. Kinds the mesh does not read
 /// (Deployments, ConfigMaps, ...) are skipped; `skipped` counts them.
 pub fn parse_file(
@@ -134,6 +133,13 @@ fn parse_value(
             *skipped += 1;
             return Ok(());
         }
+        // Another project's kind of the same name (a policy kind's name is not unique
+        // the way core kinds' are); but a Linkerd manifest is almost surely meant for us.
+        Some(k) if k.is_policy() && !is_policy_group(&api_version) => {
+            tracing::debug!(%kind, %name, %api_version, "skipping a kind of another API group");
+            *skipped += 1;
+            return Ok(());
+        }
         Some(k) if k.api_version() != api_version => {
             let want = k.api_version();
             return Err(at(
@@ -150,6 +156,16 @@ fn parse_value(
         Kind::ServiceAccount => typed(json, at, object.clone()).map(KubeObject::ServiceAccount),
         Kind::Service => typed(json, at, object.clone()).map(KubeObject::Service),
         Kind::EndpointSlice => typed(json, at, object.clone()).map(KubeObject::EndpointSlice),
+        Kind::Server => typed(json, at, object.clone()).map(KubeObject::Server),
+        Kind::AuthorizationPolicy => {
+            typed(json, at, object.clone()).map(KubeObject::AuthorizationPolicy)
+        }
+        Kind::MeshTlsAuthentication => {
+            typed(json, at, object.clone()).map(KubeObject::MeshTlsAuthentication)
+        }
+        Kind::NetworkAuthentication => {
+            typed(json, at, object.clone()).map(KubeObject::NetworkAuthentication)
+        }
     }?;
     out.push(LoadedObject {
         file: PathBuf::new(),
@@ -157,6 +173,14 @@ fn parse_value(
         object: parsed,
     });
     Ok(())
+}
+
+/// Whether `api_version` is of `policy.ambit.dev`, or of Linkerd's `policy.linkerd.io`
+/// (refused with the apiVersion to use rather than skipped: a policy that silently does
+/// not apply is worse than an error).
+fn is_policy_group(api_version: &str) -> bool {
+    let group = api_version.split_once('/').map_or("", |(g, _)| g);
+    group == crate::index::crd::POLICY_GROUP || group == "policy.linkerd.io"
 }
 
 /// Deserializes `json` as `T`, naming the failing field, then rejects fields `T` does not

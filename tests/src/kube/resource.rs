@@ -48,7 +48,8 @@ impl ResourceType {
         }
     }
 
-    /// The kinds every fake serves, with the field selectors the API server has for them.
+    /// The kinds every fake serves: the built-in ones the control plane reads, with the
+    /// field selectors the API server has for them, and [`Self::policy`].
     pub fn defaults() -> Vec<Self> {
         vec![
             Self::builtin("", "Namespace", "namespaces", false, &["status.phase"]),
@@ -85,6 +86,23 @@ impl ResourceType {
                 &["addressType"],
             ),
         ]
+        .into_iter()
+        .chain(Self::policy())
+        .collect()
+    }
+
+    /// Ambit's policy kinds (`policy.ambit.dev/v1alpha1`, as the ambit-crds chart installs
+    /// them): every fake serves them, as a cluster with the chart installed does.
+    pub fn policy() -> Vec<Self> {
+        [
+            ("Server", "servers"),
+            ("AuthorizationPolicy", "authorizationpolicies"),
+            ("MeshTLSAuthentication", "meshtlsauthentications"),
+            ("NetworkAuthentication", "networkauthentications"),
+        ]
+        .into_iter()
+        .map(|(kind, plural)| Self::new("policy.ambit.dev", "v1alpha1", kind, plural, true))
+        .collect()
     }
 
     /// `v1` or `group/version`.

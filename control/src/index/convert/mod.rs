@@ -4,13 +4,18 @@
 mod endpoint_slice;
 mod namespace;
 mod pod;
+mod policy;
 mod service;
 
 pub(super) use endpoint_slice::endpoint_slice;
 pub(super) use namespace::namespace;
 pub(super) use pod::pod;
+pub(super) use policy::{
+    authorization_policy, mesh_tls_authentication, network_authentication, server,
+};
 pub(super) use service::service;
 
+use super::crd::{AuthorizationPolicy, MeshTlsAuthentication, NetworkAuthentication, Server};
 use super::kind::Kind;
 use super::MESH_ANNOTATION;
 use ambit_api::ports::PortSet;
@@ -34,6 +39,14 @@ pub enum KubeObject {
     Service(Service),
     /// discovery.k8s.io/v1 EndpointSlice.
     EndpointSlice(EndpointSlice),
+    /// policy.ambit.dev/v1alpha1 Server.
+    Server(Server),
+    /// policy.ambit.dev/v1alpha1 AuthorizationPolicy.
+    AuthorizationPolicy(AuthorizationPolicy),
+    /// policy.ambit.dev/v1alpha1 MeshTLSAuthentication.
+    MeshTlsAuthentication(MeshTlsAuthentication),
+    /// policy.ambit.dev/v1alpha1 NetworkAuthentication.
+    NetworkAuthentication(NetworkAuthentication),
 }
 
 /// Kind, namespace and name of an object, for deletes and messages.
@@ -87,6 +100,10 @@ impl KubeObject {
             KubeObject::ServiceAccount(_) => Kind::ServiceAccount,
             KubeObject::Service(_) => Kind::Service,
             KubeObject::EndpointSlice(_) => Kind::EndpointSlice,
+            KubeObject::Server(_) => Kind::Server,
+            KubeObject::AuthorizationPolicy(_) => Kind::AuthorizationPolicy,
+            KubeObject::MeshTlsAuthentication(_) => Kind::MeshTlsAuthentication,
+            KubeObject::NetworkAuthentication(_) => Kind::NetworkAuthentication,
         }
     }
 
@@ -98,6 +115,10 @@ impl KubeObject {
             KubeObject::ServiceAccount(o) => &o.metadata,
             KubeObject::Service(o) => &o.metadata,
             KubeObject::EndpointSlice(o) => &o.metadata,
+            KubeObject::Server(o) => &o.metadata,
+            KubeObject::AuthorizationPolicy(o) => &o.metadata,
+            KubeObject::MeshTlsAuthentication(o) => &o.metadata,
+            KubeObject::NetworkAuthentication(o) => &o.metadata,
         }
     }
 
@@ -110,6 +131,10 @@ impl KubeObject {
             KubeObject::ServiceAccount(o) => &mut o.metadata,
             KubeObject::Service(o) => &mut o.metadata,
             KubeObject::EndpointSlice(o) => &mut o.metadata,
+            KubeObject::Server(o) => &mut o.metadata,
+            KubeObject::AuthorizationPolicy(o) => &mut o.metadata,
+            KubeObject::MeshTlsAuthentication(o) => &mut o.metadata,
+            KubeObject::NetworkAuthentication(o) => &mut o.metadata,
         };
         meta.namespace.get_or_insert_with(|| ns.to_string());
     }

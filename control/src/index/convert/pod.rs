@@ -90,9 +90,25 @@ pub(crate) fn pod(pod: &Pod, trust_domain: &str) -> Result<PodInfo, ConvertError
         annotations,
         labels: pod.metadata.labels.clone().unwrap_or_default(),
         probes: spec.map(probes).unwrap_or_default(),
+        container_ports: spec.map(named_ports).unwrap_or_default(),
         namespace,
         name,
     })
+}
+
+/// Every container's named ports (TCP; names are unique within a pod), name → port.
+fn named_ports(
+    spec: &k8s_openapi::api::core::v1::PodSpec,
+) -> std::collections::BTreeMap<String, u16> {
+    spec.containers
+        .iter()
+        .flat_map(|c| c.ports.iter().flatten())
+        .filter(|p| p.protocol.as_deref().unwrap_or("TCP") == "TCP")
+        .filter_map(|p| {
+            let port = u16::try_from(p.container_port).ok().filter(|n| *n != 0)?;
+            Some((p.name.clone()?, port))
+        })
+        .collect()
 }
 
 /// The kubelet's HTTP probes (liveness, readiness, startup) of every container, as port →
