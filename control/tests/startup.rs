@@ -53,6 +53,8 @@ impl Setup {
                 "127.0.0.1:0",
                 "--discovery-addr",
                 "127.0.0.1:0",
+                "--policy-addr",
+                "127.0.0.1:0",
                 "--admin-addr",
                 "127.0.0.1:0",
             ])
