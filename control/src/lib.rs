@@ -13,6 +13,7 @@
 //! - [`auth`]: node authentication as the services see it (refusals counted by reason).
 //! - [`identity`]: the identity gRPC service with node-scoped authorization.
 //! - [`discovery`]: the discovery gRPC service: a snapshot, then deltas, per node proxy.
+//! - [`policy`]: the inbound policy gRPC service: each node's meshed pods' policies.
 //! - [`tls`]: the control plane's own SVID and TLS on its gRPC ports.
 //! - [`admin`]: `/metrics`, `/ready`, `/live`; [`ready`]: what `/ready` waits for.
 //! - [`limits`]: connection limits, HTTP/2 limits and timeouts of every server.
@@ -243,6 +244,7 @@ impl Control {
                 drained(),
             );
         let publisher = tokio::spawn(self.discovery.publisher(ready.clone(), drained()));
+        let policy_publisher = tokio::spawn(self.policy.publisher(drained()));
         let discovery = limits::grpc_server()
             .add_service(self.discovery.with_drain(drain_rx2.clone()).into_server())
             .serve_with_incoming_shutdown(
@@ -266,6 +268,7 @@ impl Control {
         let _ = drain_tx.send(true);
         let _ = watcher.await;
         let _ = publisher.await;
+        let _ = policy_publisher.await;
         renewal.abort();
         let serve_err = |what, message: String| StartError::Serve { what, message };
         for (what, task) in [

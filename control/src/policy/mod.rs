@@ -3,23 +3,32 @@
 //!
 //! A proxy opens one `Watch` for its node (the node token, checked as discovery checks it:
 //! a node sees only its own pods). It first receives a snapshot of every meshed pod on the
-//! node, then a delta whenever the index changes what one of them may be reached by — an
-//! annotation on a namespace or pod applies to running pods at once. Each stream renders
-//! only its own node's pods on a change, so the cost of a change is the cluster's meshed
-//! pods once, whatever the number of streams.
+//! node, then a delta whenever the index changes what one of them may be reached by — a
+//! Server, an AuthorizationPolicy or an authentication, an annotation on a namespace or
+//! pod: changes apply to running pods at once.
+//!
+//! - `render`: the index and the defaults → each pod's `PodPolicy` (a pure function).
+//! - `authz`: AuthorizationPolicies and their authentications → `Authorization`s.
+//! - `publish`: one rendering per change for every stream, each node's share on its own
+//!   channel.
+//! - `update`: deltas and chunks.
 
+mod authz;
+mod metrics;
+mod publish;
 mod render;
+mod update;
 
-pub use render::{diff, render, snapshot_chunks, Defaults};
+pub use metrics::PolicyMetrics;
+pub use publish::PolicyPublisher;
+pub use render::{render, render_nodes, Defaults, NodePolicies, Problems, Rendered};
+pub use update::{chunks, delta_chunks, diff, snapshot_chunks};
 
 use crate::auth::NodeAuth;
 use crate::discovery::Publisher;
 use crate::index::SharedIndex;
 use ambit_api::proto::policy::inbound_policy_server::{InboundPolicy, InboundPolicyServer};
 use ambit_api::proto::policy::{Update, WatchRequest};
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::registry::Registry;
 use std::pin::Pin;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -27,42 +36,18 @@ use tonic::{Request, Response, Status};
 
 /// Pods per message (a pod's policy is a few hundred bytes: 256 stay far below 1 MiB).
 const CHUNK: usize = 256;
-
-/// Streams open, updates sent, watches refused.
-#[derive(Clone, Debug, Default)]
-pub struct PolicyMetrics {
-    streams: Gauge,
-    updates: Counter,
-    refused: Counter,
-}
-
-impl PolicyMetrics {
-    /// Creates the metrics and registers them.
-    pub fn register(registry: &mut Registry) -> Self {
-        let m = Self::default();
-        registry.register("policy_streams", "Policy streams open", m.streams.clone());
-        registry.register(
-            "policy_updates",
-            "Policy updates sent (snapshots and deltas, in chunks)",
-            m.updates.clone(),
-        );
-        registry.register(
-            "policy_watches_refused",
-            "Policy watches refused (bad token or another node's name)",
-            m.refused.clone(),
-        );
-        m
-    }
-}
+/// Bytes per chunk past its first pod (a pod with many authorizations may be large); the
+/// proxy decodes up to 16 MiB a message.
+const CHUNK_BYTES: usize = 1 << 20;
 
 /// The gRPC inbound policy service.
 #[derive(Clone)]
 pub struct PolicyService {
     index: SharedIndex,
-    /// Discovery's: streams wait until the backend has loaded everything once.
+    /// Discovery's: rendering waits until the backend has loaded everything once.
     started: Publisher,
+    publisher: PolicyPublisher,
     auth: NodeAuth,
-    defaults: Defaults,
     metrics: PolicyMetrics,
     drain: tokio::sync::watch::Receiver<bool>,
 }
@@ -86,8 +71,8 @@ impl PolicyService {
         Self {
             index,
             started,
+            publisher: PolicyPublisher::new(defaults, metrics.clone()),
             auth,
-            defaults,
             metrics,
             drain: tokio::sync::watch::Sender::new(false).subscribe(),
         }
@@ -97,6 +82,16 @@ impl PolicyService {
     pub fn with_drain(mut self, drain: tokio::sync::watch::Receiver<bool>) -> Self {
         self.drain = drain;
         self
+    }
+
+    /// Renders the watched nodes once per change for every stream; runs until `shutdown`.
+    pub fn publisher(
+        &self,
+        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
+        self.publisher
+            .clone()
+            .run(self.index.clone(), self.started.clone(), shutdown)
     }
 
     /// The tonic server for this service.
@@ -147,31 +142,36 @@ impl InboundPolicy for PolicyService {
 }
 
 impl PolicyService {
-    /// A snapshot, then a delta per change, until the client goes away.
+    /// A snapshot, then a delta per change of the node's pods, until the client goes away.
     async fn stream(&self, node: &str, tx: &mpsc::Sender<Result<Update, Status>>) {
-        tokio::select! {
-            _ = self.started.started() => {}
+        let mut channel = self.publisher.subscribe(node);
+        // The node's first rendering (once the backend has loaded everything).
+        let first = tokio::select! {
+            first = channel.wait_for(Option::is_some) => first.ok().and_then(|p| p.clone()),
             _ = tx.closed() => return,
-        }
-        let mut changes = self.index.subscribe();
-        changes.mark_unchanged();
-        let mut current = render(&self.index.read(), node, &self.defaults);
+        };
+        let Some(mut current) = first else { return };
         tracing::info!(%node, pods = current.len(), "policy stream opened");
-        if !self.send(tx, snapshot_chunks(&current, CHUNK)).await {
+        if !self
+            .send(tx, snapshot_chunks(&current, CHUNK, CHUNK_BYTES))
+            .await
+        {
             return;
         }
         loop {
             tokio::select! {
-                changed = changes.changed() => if changed.is_err() { return },
+                changed = channel.changed() => if changed.is_err() { return },
                 _ = tx.closed() => return,
             }
-            let next = render(&self.index.read(), node, &self.defaults);
+            let Some(next) = channel.borrow_and_update().clone() else {
+                continue;
+            };
             let delta = diff(&current, &next);
             current = next;
             if delta.pods.is_empty() && delta.removed_pods.is_empty() {
                 continue;
             }
-            if !self.send(tx, delta_chunks(delta)).await {
+            if !self.send(tx, delta_chunks(delta, CHUNK, CHUNK_BYTES)).await {
                 return;
             }
         }
@@ -186,25 +186,4 @@ impl PolicyService {
         }
         true
     }
-}
-
-/// A delta in chunks of at most [`CHUNK`] pods (removals in the last).
-fn delta_chunks(mut delta: Update) -> Vec<Update> {
-    if delta.pods.len() <= CHUNK {
-        return vec![delta];
-    }
-    let pods = std::mem::take(&mut delta.pods);
-    let mut chunks: Vec<Update> = pods
-        .chunks(CHUNK)
-        .map(|c| Update {
-            pods: c.to_vec(),
-            more: true,
-            ..Update::default()
-        })
-        .collect();
-    if let Some(last) = chunks.last_mut() {
-        last.removed_pods = delta.removed_pods;
-        last.more = false;
-    }
-    chunks
 }

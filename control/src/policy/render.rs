@@ -1,14 +1,31 @@
-//! What each meshed pod on a node may be reached by, rendered into the one shape the node
-//! proxy matches (`ambit.policy.v1`).
+//! What each meshed pod may be reached by, rendered into the one shape the node proxy
+//! matches (`ambit.policy.v1`): a pure function of the index and the cluster's defaults.
 //!
-//! Today: the default inbound policy — the pod's own `config.ambit.dev/default-inbound-policy`
-//! annotation, else its namespace's, else the cluster's (`--default-inbound-policy`) — for
-//! every port, and for each port the kubelet probes, the same policy plus the probe paths
-//! (a GET of one stays authorized, so that a `deny` default does not make the pod unready).
-//! Servers and AuthorizationPolicies (issue 12) add PortPolicies per selected port.
+//! For each meshed pod:
+//!
+//! - **`ports`**: one `PortPolicy` per port a Server of the pod's namespace selects (by
+//!   number, or by the name of one of the pod's container ports): kind `server`, the
+//!   Server's name and proxyProtocol, the authorizations of the AuthorizationPolicies that
+//!   target the Server or its namespace and resolve (`authz.rs`), then those of its
+//!   accessPolicy when that is a default policy that allows someone; `audit` when the
+//!   accessPolicy is `audit`. When two Servers select the same port of a pod, the older
+//!   wins (creationTimestamp, then name; one without a timestamp — local YAML — counts
+//!   as oldest), as in Linkerd, and the conflict is reported.
+//! - **`default`**: the default inbound policy in effect — the pod's
+//!   `config.ambit.dev/default-inbound-policy`, else its namespace's, else the cluster's
+//!   (`--default-inbound-policy`) — as kind `default` named after the policy, with its
+//!   synthetic authorizations (`ambit_api::policy::default_port_policy`).
+//! - **Probes**: every port the kubelet probes with `httpGet` (liveness, readiness,
+//!   startup; named ports resolved) carries the probe paths: a Server's `PortPolicy` gets
+//!   them, and a probed port no Server selects gets a `PortPolicy` of its own that is the
+//!   default policy (kind `default`, same name and authorizations) plus the paths. The
+//!   default `PortPolicy` itself (port 0) never carries probe paths: it stands for every
+//!   port, and a probe path is only allowed on the port it is probed on.
 
-use crate::index::ClusterIndex;
-use ambit_api::policy::{default_port_policy, DEFAULT_INBOUND_POLICY_ANNOTATION};
+use super::authz::{server_authorizations, ServerAuthorizations};
+use crate::index::policy::{ServerInfo, ServerPort};
+use crate::index::{ClusterIndex, PodInfo};
+use ambit_api::policy::{default_port_policy, DEFAULT_INBOUND_POLICY_ANNOTATION, DEFAULT_POLICIES};
 use ambit_api::proto::policy as pb;
 use std::collections::BTreeMap;
 
@@ -21,238 +38,154 @@ pub struct Defaults {
     pub cluster_networks: Vec<String>,
 }
 
+/// The pods of one node: `<namespace>/<name>` → policy.
+pub type NodePolicies = BTreeMap<String, pb::PodPolicy>;
+
+/// Metrics' `srv_kind` of a Server's port policy.
+pub const SERVER_KIND: &str = "server";
+
+/// What rendering left out, keyed so that a change is noticed once: each value says why.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Problems {
+    /// AuthorizationPolicies (`<ns>/<name>`) skipped because a reference does not resolve.
+    pub unresolved: BTreeMap<String, String>,
+    /// Servers that lost a pod port to an older Server (`<ns>/<loser>`).
+    pub conflicts: BTreeMap<String, String>,
+    /// AuthorizationPolicies not rendered yet (HTTPRoute and GRPCRoute targets).
+    pub ignored: BTreeMap<String, String>,
+}
+
+/// A rendering of some nodes.
+#[derive(Clone, Debug, Default)]
+pub struct Rendered {
+    /// Node → its meshed pods' policies (a node with none is absent).
+    pub nodes: BTreeMap<String, NodePolicies>,
+    /// What was left out.
+    pub problems: Problems,
+}
+
 /// Every meshed pod on `node`: `<namespace>/<name>` → its policy.
-pub fn render(index: &ClusterIndex, node: &str, d: &Defaults) -> BTreeMap<String, pb::PodPolicy> {
-    let mut out = BTreeMap::new();
-    for w in index.meshed_workloads_on_node(node) {
-        let pod = &w.pod;
-        // Annotation values were checked when the objects were read.
-        let name = pod
-            .annotations
-            .get(DEFAULT_INBOUND_POLICY_ANNOTATION)
-            .or_else(|| {
-                index
-                    .namespace(&pod.namespace)
-                    .and_then(|ns| ns.annotations.get(DEFAULT_INBOUND_POLICY_ANNOTATION))
-            })
-            .unwrap_or(&d.policy);
-        let Ok(default) = default_port_policy(name, 0, &d.cluster_networks) else {
+pub fn render(index: &ClusterIndex, node: &str, d: &Defaults) -> NodePolicies {
+    render_nodes(index, d, |n| n == node)
+        .nodes
+        .remove(node)
+        .unwrap_or_default()
+}
+
+/// Every meshed pod on the nodes `wanted` says yes to, with what was left out.
+pub fn render_nodes(index: &ClusterIndex, d: &Defaults, wanted: impl Fn(&str) -> bool) -> Rendered {
+    let mut problems = Problems::default();
+    let servers = server_authorizations(index, &d.cluster_networks, &mut problems);
+    let mut nodes: BTreeMap<String, NodePolicies> = BTreeMap::new();
+    for pod in index.meshed_pods() {
+        let Some(node) = pod.node_name.as_deref().filter(|n| wanted(n)) else {
             continue;
         };
-        let ports = pod
-            .probes
-            .iter()
-            .map(|(port, paths)| pb::PortPolicy {
-                port: u32::from(*port),
-                probe_paths: paths.clone(),
-                ..default.clone()
-            })
-            .collect();
-        let key = format!("{}/{}", pod.namespace, pod.name);
-        out.insert(
-            key.clone(),
-            pb::PodPolicy {
-                pod: key,
-                ports,
-                default: Some(default),
+        let policy = pod_policy(index, pod, d, &servers, &mut problems);
+        nodes
+            .entry(node.to_string())
+            .or_default()
+            .insert(policy.pod.clone(), policy);
+    }
+    Rendered { nodes, problems }
+}
+
+fn pod_policy(
+    index: &ClusterIndex,
+    pod: &PodInfo,
+    d: &Defaults,
+    servers: &ServerAuthorizations,
+    problems: &mut Problems,
+) -> pb::PodPolicy {
+    let default = default_policy(index, pod, d);
+    let mut ports: BTreeMap<u16, pb::PortPolicy> = BTreeMap::new();
+    for (port, selecting) in selecting_servers(index, pod) {
+        let winner = selecting[0];
+        for loser in &selecting[1..] {
+            problems.conflicts.insert(
+                format!("{}/{}", loser.namespace, loser.name),
+                format!(
+                    "selects port {port} of pod {}/{} as Server {} does, which is older and applies",
+                    pod.namespace, pod.name, winner.name
+                ),
+            );
+        }
+        let authorizations = servers
+            .get(&(winner.namespace.clone(), winner.name.clone()))
+            .cloned()
+            .unwrap_or_default();
+        ports.insert(
+            port,
+            pb::PortPolicy {
+                port: u32::from(port),
+                kind: SERVER_KIND.into(),
+                name: winner.name.clone(),
+                protocol: winner.protocol.clone(),
+                authorizations,
+                audit: winner.access_policy == "audit",
+                probe_paths: pod.probes.get(&port).cloned().unwrap_or_default(),
             },
         );
     }
-    out
-}
-
-/// The delta from `before` to `after`: changed or new pods, and those gone.
-pub fn diff(
-    before: &BTreeMap<String, pb::PodPolicy>,
-    after: &BTreeMap<String, pb::PodPolicy>,
-) -> pb::Update {
-    pb::Update {
-        snapshot: false,
-        pods: after
-            .iter()
-            .filter(|(k, v)| before.get(*k) != Some(v))
-            .map(|(_, v)| v.clone())
-            .collect(),
-        removed_pods: before
-            .keys()
-            .filter(|k| !after.contains_key(*k))
-            .cloned()
-            .collect(),
-        more: false,
+    for (port, paths) in &pod.probes {
+        ports.entry(*port).or_insert_with(|| pb::PortPolicy {
+            port: u32::from(*port),
+            probe_paths: paths.clone(),
+            ..default.clone()
+        });
+    }
+    let key = format!("{}/{}", pod.namespace, pod.name);
+    pb::PodPolicy {
+        pod: key,
+        ports: ports.into_values().collect(),
+        default: Some(default),
     }
 }
 
-/// `policies` as a snapshot, in chunks of at most `per_chunk` pods.
-pub fn snapshot_chunks(
-    policies: &BTreeMap<String, pb::PodPolicy>,
-    per_chunk: usize,
-) -> Vec<pb::Update> {
-    let pods: Vec<pb::PodPolicy> = policies.values().cloned().collect();
-    let mut chunks: Vec<pb::Update> = pods
-        .chunks(per_chunk.max(1))
-        .map(|c| pb::Update {
-            snapshot: false,
-            pods: c.to_vec(),
-            removed_pods: vec![],
-            more: true,
+/// The Servers that select each port of `pod`, oldest first.
+fn selecting_servers<'a>(
+    index: &'a ClusterIndex,
+    pod: &PodInfo,
+) -> BTreeMap<u16, Vec<&'a ServerInfo>> {
+    let mut by_port: BTreeMap<u16, Vec<&ServerInfo>> = BTreeMap::new();
+    for s in index.servers_in(&pod.namespace) {
+        if !s.selector.matches(&pod.labels) {
+            continue;
+        }
+        let port = match &s.port {
+            ServerPort::Number(n) => Some(*n),
+            ServerPort::Name(name) => pod.container_ports.get(name).copied(),
+        };
+        if let Some(port) = port {
+            by_port.entry(port).or_default().push(s);
+        }
+    }
+    for selecting in by_port.values_mut() {
+        selecting.sort_by(|a, b| (&a.created, &a.name).cmp(&(&b.created, &b.name)));
+    }
+    by_port
+}
+
+/// The default policy in effect for `pod`: its annotation, else its namespace's, else the
+/// cluster's. Values were checked when the objects were read; one that still names no
+/// policy is passed over, and `deny` is the last resort, never a wider policy.
+fn default_policy(index: &ClusterIndex, pod: &PodInfo, d: &Defaults) -> pb::PortPolicy {
+    let valid = |v: &&String| DEFAULT_POLICIES.contains(&v.as_str());
+    let name = pod
+        .annotations
+        .get(DEFAULT_INBOUND_POLICY_ANNOTATION)
+        .filter(valid)
+        .or_else(|| {
+            index
+                .namespace(&pod.namespace)
+                .and_then(|ns| ns.annotations.get(DEFAULT_INBOUND_POLICY_ANNOTATION))
+                .filter(valid)
         })
-        .collect();
-    if chunks.is_empty() {
-        chunks.push(pb::Update::default());
-    }
-    chunks[0].snapshot = true;
-    if let Some(last) = chunks.last_mut() {
-        last.more = false;
-    }
-    chunks
+        .unwrap_or(&d.policy);
+    default_port_policy(name, 0, &d.cluster_networks)
+        .or_else(|_| default_port_policy("deny", 0, &d.cluster_networks))
+        .unwrap_or_default()
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::index::KubeObject;
-
-    fn index(yaml: &str) -> ClusterIndex {
-        let objects: Vec<KubeObject> = serde_yaml::Deserializer::from_str(yaml)
-            .map(|doc| {
-                let v = serde_yaml::Value::deserialize(doc).unwrap();
-                let kind = v["kind"].as_str().unwrap().to_string();
-                let json = serde_json::to_value(v).unwrap();
-                match kind.as_str() {
-                    "Namespace" => KubeObject::Namespace(serde_json::from_value(json).unwrap()),
-                    "Pod" => KubeObject::Pod(serde_json::from_value(json).unwrap()),
-                    other => panic!("{other}"),
-                }
-            })
-            .collect();
-        ClusterIndex::from_objects("cluster.local", objects).unwrap()
-    }
-
-    use serde::Deserialize;
-
-    const CLUSTER: &str = "
-apiVersion: v1
-kind: Namespace
-metadata: {name: shop, annotations: {ambit.dev/mesh: enabled, config.ambit.dev/default-inbound-policy: all-authenticated}}
----
-apiVersion: v1
-kind: Namespace
-metadata: {name: open, annotations: {ambit.dev/mesh: enabled}}
----
-apiVersion: v1
-kind: Pod
-metadata: {name: web, namespace: shop}
-spec:
-  nodeName: node-a
-  containers:
-  - name: web
-    ports: [{name: admin, containerPort: 9901}]
-    readinessProbe: {httpGet: {port: admin, path: /ready}}
-    livenessProbe: {httpGet: {port: 8080}}
-status: {podIP: 10.1.0.5}
----
-apiVersion: v1
-kind: Pod
-metadata: {name: locked, namespace: shop, annotations: {config.ambit.dev/default-inbound-policy: deny}}
-spec: {nodeName: node-a, containers: []}
-status: {podIP: 10.1.0.6}
----
-apiVersion: v1
-kind: Pod
-metadata: {name: anyone, namespace: open}
-spec: {nodeName: node-a, containers: []}
-status: {podIP: 10.1.0.7}
----
-apiVersion: v1
-kind: Pod
-metadata: {name: elsewhere, namespace: open}
-spec: {nodeName: node-b, containers: []}
-status: {podIP: 10.1.0.8}
-";
-
-    #[test]
-    fn pod_over_namespace_over_cluster_and_probes_per_port() {
-        let d = Defaults {
-            policy: "cluster-unauthenticated".into(),
-            cluster_networks: vec!["10.0.0.0/8".into()],
-        };
-        let r = render(&index(CLUSTER), "node-a", &d);
-        assert_eq!(
-            r.keys().collect::<Vec<_>>(),
-            ["open/anyone", "shop/locked", "shop/web"]
-        );
-        let name = |k: &str| r[k].default.as_ref().unwrap().name.clone();
-        assert_eq!(name("shop/web"), "all-authenticated", "the namespace's");
-        assert_eq!(name("shop/locked"), "deny", "the pod's own");
-        assert_eq!(
-            name("open/anyone"),
-            "cluster-unauthenticated",
-            "the cluster's"
-        );
-        let web = &r["shop/web"];
-        let probes: Vec<(u32, Vec<String>)> = web
-            .ports
-            .iter()
-            .map(|p| (p.port, p.probe_paths.clone()))
-            .collect();
-        assert_eq!(
-            probes,
-            [(8080, vec!["/".to_string()]), (9901, vec!["/ready".into()])]
-        );
-        assert_eq!(web.ports[0].name, "all-authenticated");
-        assert!(render(&index(CLUSTER), "node-c", &d).is_empty());
-    }
-
-    #[test]
-    fn deltas_and_chunked_snapshots() {
-        let d = Defaults {
-            policy: "all-unauthenticated".into(),
-            cluster_networks: vec![],
-        };
-        let before = render(&index(CLUSTER), "node-a", &d);
-        let changed = CLUSTER.replace(
-            "default-inbound-policy: deny}",
-            "default-inbound-policy: audit}",
-        );
-        let after = render(&index(&changed), "node-a", &d);
-        let delta = diff(&before, &after);
-        assert_eq!(delta.pods.len(), 1);
-        assert_eq!(delta.pods[0].pod, "shop/locked");
-        assert!(delta.pods[0].default.as_ref().unwrap().audit);
-        let gone = diff(&after, &BTreeMap::new());
-        assert_eq!(gone.removed_pods.len(), 3);
-        let chunks = snapshot_chunks(&after, 2);
-        assert_eq!(chunks.len(), 2);
-        assert!(chunks[0].snapshot && chunks[0].more && !chunks[1].snapshot && !chunks[1].more);
-        let empty = snapshot_chunks(&BTreeMap::new(), 2);
-        assert!(empty.len() == 1 && empty[0].snapshot && !empty[0].more);
-    }
-
-    #[test]
-    fn a_policy_annotation_typo_is_refused_by_field() {
-        let bad = CLUSTER.replace(
-            "default-inbound-policy: deny}",
-            "default-inbound-policy: dney}",
-        );
-        let objects: Vec<KubeObject> = serde_yaml::Deserializer::from_str(&bad)
-            .map(|doc| {
-                let v = serde_yaml::Value::deserialize(doc).unwrap();
-                let json = serde_json::to_value(&v).unwrap();
-                match v["kind"].as_str().unwrap() {
-                    "Namespace" => KubeObject::Namespace(serde_json::from_value(json).unwrap()),
-                    _ => KubeObject::Pod(serde_json::from_value(json).unwrap()),
-                }
-            })
-            .collect();
-        let (_, e) = ClusterIndex::from_objects("cluster.local", objects).unwrap_err();
-        assert!(e.object.contains("shop/locked"), "{e}");
-        assert!(
-            e.field.contains("config.ambit.dev/default-inbound-policy"),
-            "{e}"
-        );
-        assert!(
-            e.message.contains("\"dney\"") && e.message.contains("all-unauthenticated"),
-            "{e}"
-        );
-    }
-}
+mod tests;

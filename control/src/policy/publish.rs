@@ -1,0 +1,250 @@
+//! Renders policy once per change and hands each node's share to the streams of that node.
+//!
+//! Policy is per node (a proxy gets only its own pods), so unlike discovery there is no
+//! one rendering every stream shares. The [`PolicyPublisher`] keeps one `watch` channel
+//! per node that has a stream; on every index change it renders the pods of those nodes
+//! once — one pass over the cluster's meshed pods, whatever the number of streams — and
+//! sends each node's pods on its channel only when they changed, so a change wakes only
+//! the streams of the nodes it touches, each of which diffs its own node's pods against
+//! what it sent. A stream for a node not rendered yet asks for it and waits.
+
+use super::metrics::PolicyMetrics;
+use super::render::{render_nodes, Defaults, NodePolicies, Problems};
+use crate::discovery::Publisher;
+use crate::index::SharedIndex;
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::sync::{Arc, Mutex, PoisonError};
+use tokio::sync::{watch, Notify};
+
+/// A node's pods as last rendered; `None` until the node's first rendering.
+pub type NodeChannel = watch::Receiver<Option<Arc<NodePolicies>>>;
+
+/// Node → the sending side of its [`NodeChannel`].
+type Channels = HashMap<String, watch::Sender<Option<Arc<NodePolicies>>>>;
+
+/// The per-node channels and the task that renders into them.
+#[derive(Clone, Debug)]
+pub struct PolicyPublisher {
+    nodes: Arc<Mutex<Channels>>,
+    /// Woken when a stream subscribes to a node not rendered yet.
+    wanted: Arc<Notify>,
+    defaults: Defaults,
+    metrics: PolicyMetrics,
+    /// What was reported as left out last time (to log each problem once).
+    reported: Arc<Mutex<Problems>>,
+}
+
+impl PolicyPublisher {
+    /// A publisher rendering with `defaults`.
+    pub fn new(defaults: Defaults, metrics: PolicyMetrics) -> Self {
+        Self {
+            nodes: Arc::default(),
+            wanted: Arc::default(),
+            defaults,
+            metrics,
+            reported: Arc::default(),
+        }
+    }
+
+    /// The channel of `node`'s pods (rendered by [`Self::run`] if it was not yet).
+    pub fn subscribe(&self, node: &str) -> NodeChannel {
+        let mut nodes = self.nodes.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(tx) = nodes.get(node) {
+            return tx.subscribe();
+        }
+        let (tx, rx) = watch::channel(None);
+        nodes.insert(node.to_string(), tx);
+        self.wanted.notify_one();
+        rx
+    }
+
+    /// Once `started` has (the backend has loaded everything once), renders the nodes
+    /// that have streams after every change, until `shutdown` resolves.
+    pub async fn run(
+        self,
+        index: SharedIndex,
+        started: Publisher,
+        shutdown: impl Future<Output = ()>,
+    ) {
+        tokio::pin!(shutdown);
+        tokio::select! {
+            _ = &mut shutdown => return,
+            _ = started.started() => {}
+        }
+        let mut changes = index.subscribe();
+        changes.mark_unchanged();
+        self.publish(&index, false);
+        loop {
+            let all = tokio::select! {
+                _ = &mut shutdown => return,
+                changed = changes.changed() => if changed.is_err() { return } else { true },
+                _ = self.wanted.notified() => false,
+            };
+            self.publish(&index, !all);
+        }
+    }
+
+    /// Renders the nodes with streams (only those never rendered with `only_new`) and sends
+    /// each its pods if they changed. Nodes without streams are forgotten. A full rendering
+    /// (not `only_new`) also reports what it left out, even with no stream at all: the
+    /// AuthorizationPolicies are resolved cluster-wide, conflicts on the nodes rendered.
+    pub fn publish(&self, index: &SharedIndex, only_new: bool) {
+        let targets: HashSet<String> = {
+            let mut nodes = self.nodes.lock().unwrap_or_else(PoisonError::into_inner);
+            nodes.retain(|_, tx| tx.receiver_count() > 0);
+            nodes
+                .iter()
+                .filter(|(_, tx)| !only_new || tx.borrow().is_none())
+                .map(|(n, _)| n.clone())
+                .collect()
+        };
+        if only_new && targets.is_empty() {
+            return;
+        }
+        // The index's lock is not held together with ours (a subscriber holds ours only).
+        let mut rendered = render_nodes(&index.read(), &self.defaults, |n| targets.contains(n));
+        self.metrics.renders.inc();
+        if !only_new {
+            self.report(&rendered.problems);
+        }
+        let nodes = self.nodes.lock().unwrap_or_else(PoisonError::into_inner);
+        for node in &targets {
+            let Some(tx) = nodes.get(node) else { continue };
+            let pods = rendered.nodes.remove(node).unwrap_or_default();
+            tx.send_if_modified(|current| {
+                if current.as_deref() == Some(&pods) {
+                    return false;
+                }
+                *current = Some(Arc::new(pods));
+                true
+            });
+        }
+    }
+
+    /// Logs what is newly left out (and what is no longer), and sets the gauges.
+    fn report(&self, now: &Problems) {
+        let mut reported = self.reported.lock().unwrap_or_else(PoisonError::into_inner);
+        for (key, why) in &now.unresolved {
+            if reported.unresolved.get(key) != Some(why) {
+                tracing::warn!(policy = %key, reason = %why, "AuthorizationPolicy skipped: it allows nothing until this is fixed");
+            }
+        }
+        for key in reported
+            .unresolved
+            .keys()
+            .filter(|k| !now.unresolved.contains_key(*k))
+        {
+            tracing::info!(policy = %key, "AuthorizationPolicy no longer skipped");
+        }
+        for (key, why) in &now.conflicts {
+            if reported.conflicts.get(key) != Some(why) {
+                tracing::warn!(server = %key, reason = %why, "Server ignored on a pod port");
+            }
+        }
+        for (key, why) in &now.ignored {
+            if reported.ignored.get(key) != Some(why) {
+                tracing::info!(policy = %key, reason = %why, "AuthorizationPolicy not rendered");
+            }
+        }
+        self.metrics
+            .unresolved
+            .set(i64::try_from(now.unresolved.len()).unwrap_or(i64::MAX));
+        self.metrics
+            .conflicts
+            .set(i64::try_from(now.conflicts.len()).unwrap_or(i64::MAX));
+        *reported = now.clone();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::index::ClusterIndex;
+
+    const CLUSTER: &str = "
+apiVersion: v1
+kind: Namespace
+metadata: {name: shop, annotations: {ambit.dev/mesh: enabled}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: a, namespace: shop}
+spec: {nodeName: node-a, containers: []}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: b, namespace: shop}
+spec: {nodeName: node-b, containers: []}
+";
+
+    fn shared(yaml: &str) -> SharedIndex {
+        let mut skipped = 0;
+        let objects = crate::local::parse_file(std::path::Path::new("t.yaml"), yaml, &mut skipped)
+            .unwrap_or_else(|e| panic!("{e}"))
+            .into_iter()
+            .map(|o| o.object);
+        SharedIndex::new(
+            ClusterIndex::from_objects("cluster.local", objects)
+                .unwrap_or_else(|(_, e)| panic!("{e}")),
+        )
+    }
+
+    #[test]
+    fn one_rendering_per_change_whatever_the_streams_and_only_changed_nodes_wake() {
+        let index = shared(CLUSTER);
+        let publisher = PolicyPublisher::new(
+            Defaults {
+                policy: "all-unauthenticated".into(),
+                cluster_networks: vec![],
+            },
+            PolicyMetrics::default(),
+        );
+        let mut a: Vec<NodeChannel> = (0..50).map(|_| publisher.subscribe("node-a")).collect();
+        let mut b = publisher.subscribe("node-b");
+        let mut c = publisher.subscribe("node-c");
+        assert!(
+            a[0].borrow().is_none(),
+            "nothing before the first rendering"
+        );
+        publisher.publish(&index, true);
+        assert_eq!(
+            publisher.metrics.renders.get(),
+            1,
+            "one rendering for 52 streams"
+        );
+        for rx in &mut a {
+            assert_eq!(rx.borrow_and_update().as_ref().map(|p| p.len()), Some(1));
+        }
+        assert_eq!(b.borrow_and_update().as_ref().map(|p| p.len()), Some(1));
+        assert_eq!(
+            c.borrow_and_update().as_ref().map(|p| p.len()),
+            Some(0),
+            "a node with no pods"
+        );
+
+        // A change on node-b: one rendering; node-a's streams are not woken.
+        let changed = CLUSTER.replace("name: b, namespace: shop}", "name: b, namespace: shop, annotations: {config.ambit.dev/default-inbound-policy: deny}}");
+        index.replace(shared(&changed).read().clone());
+        publisher.publish(&index, false);
+        assert_eq!(publisher.metrics.renders.get(), 2);
+        assert!(a.iter_mut().all(|rx| !rx.has_changed().unwrap_or(true)));
+        assert!(b.has_changed().unwrap_or(false));
+        let b_now = b.borrow_and_update().clone().unwrap_or_default();
+        assert_eq!(
+            b_now["shop/b"].default.as_ref().map(|d| d.name.as_str()),
+            Some("deny")
+        );
+        assert!(!c.has_changed().unwrap_or(true));
+
+        // Nodes whose streams are gone are no longer rendered.
+        drop(a);
+        drop(c);
+        publisher.publish(&index, false);
+        let nodes = publisher
+            .nodes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        assert_eq!(nodes.keys().collect::<Vec<_>>(), ["node-b"]);
+    }
+}
