@@ -457,3 +457,87 @@ async fn the_control_plane_is_ready_only_once_every_kind_has_listed() {
     assert_eq!(metric(&m, "kube_objects{kind=\"Pod\"}"), 1, "{m}");
     cp.stop().await;
 }
+
+/// The next policy update, within 10 s.
+async fn next_policy(
+    stream: &mut tonic::Streaming<ambit_api::proto::policy::Update>,
+) -> ambit_api::proto::policy::Update {
+    tokio::time::timeout(Duration::from_secs(10), stream.message())
+        .await
+        .expect("a policy update within 10 s")
+        .unwrap()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_server_applied_to_the_api_server_reaches_the_policy_stream() {
+    use ambit_api::proto::policy::inbound_policy_client::InboundPolicyClient;
+    ambit_e2e::init_test_logging();
+    let fake = FakeKube::start().await;
+    install(&fake, &["node-a", "node-b"]);
+    app(&fake);
+    let (cp, _kubeconfig) = kube_control_plane(&fake, &[]).await;
+    let mut client = InboundPolicyClient::new(cp.channel(&cp.policy_url()));
+    let mut req = tonic::Request::new(ambit_api::proto::policy::WatchRequest {
+        node: "node-a".into(),
+    });
+    req.metadata_mut().insert(
+        "authorization",
+        format!("Bearer {}", node_token("node-a")).parse().unwrap(),
+    );
+    let mut stream = client.watch(req).await.unwrap().into_inner();
+    let snapshot = next_policy(&mut stream).await;
+    let pods: Vec<&str> = snapshot.pods.iter().map(|p| p.pod.as_str()).collect();
+    assert_eq!(pods, ["shop/batch", "shop/cli"], "node-a's meshed pods");
+    assert!(snapshot.pods.iter().all(|p| p.ports.is_empty()));
+
+    // A Server and the policy allowing cli, through the watchers.
+    fake.apply(
+        json!({"apiVersion": "policy.ambit.dev/v1alpha1", "kind": "Server",
+        "metadata": {"name": "all-8080", "namespace": "shop"},
+        "spec": {"podSelector": {}, "port": 8080, "proxyProtocol": "opaque"}}),
+    );
+    fake.apply(
+        json!({"apiVersion": "policy.ambit.dev/v1alpha1", "kind": "AuthorizationPolicy",
+        "metadata": {"name": "from-cli", "namespace": "shop"},
+        "spec": {"targetRef": {"kind": "Namespace", "name": "shop"},
+                 "requiredAuthenticationRefs": [{"kind": "ServiceAccount", "name": "cli"}]}}),
+    );
+    let mut seen = Vec::new();
+    while seen.len() < 2 {
+        let delta = next_policy(&mut stream).await;
+        assert!(!delta.snapshot);
+        for p in delta.pods {
+            let port = &p.ports[0];
+            assert_eq!(
+                (
+                    port.port,
+                    port.kind.as_str(),
+                    port.name.as_str(),
+                    port.protocol.as_str()
+                ),
+                (8080, "server", "all-8080", "opaque")
+            );
+            if port.authorizations.len() == 1 {
+                seen.retain(|s| *s != p.pod);
+                seen.push(p.pod);
+            }
+        }
+    }
+    let m = cp.metrics().await;
+    assert_eq!(metric(&m, "kube_objects{kind=\"Server\"}"), 1, "{m}");
+    assert_eq!(
+        metric(&m, "kube_objects{kind=\"AuthorizationPolicy\"}"),
+        1,
+        "{m}"
+    );
+
+    // Deleted: the pods' ports fall back to the default.
+    fake.delete("servers.policy.ambit.dev", "shop", "all-8080");
+    let mut cleared = 0;
+    while cleared < 2 {
+        let delta = next_policy(&mut stream).await;
+        cleared += delta.pods.iter().filter(|p| p.ports.is_empty()).count();
+    }
+    cp.stop().await;
+}
