@@ -154,7 +154,7 @@ pub struct Config {
     /// Listen address of the admin server (/metrics, /ready, /live).
     #[arg(long, env = env::ADMIN_ADDR, default_value = "0.0.0.0:9990")]
     pub admin_addr: SocketAddr,
-    /// Connections open at once on each gRPC listener (identity and discovery each); one
+    /// Connections open at once on each gRPC listener (identity, discovery and policy each); one
     /// more is closed at once and counted in `control_connections_refused_total`. Each
     /// node proxy holds one on each.
     #[arg(long, env = env::MAX_CONNECTIONS, default_value_t = crate::limits::DEFAULT_MAX_CONNECTIONS)]
