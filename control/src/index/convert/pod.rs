@@ -112,8 +112,8 @@ fn named_ports(
 }
 
 /// The kubelet's HTTP probes (liveness, readiness, startup) of every container, as port →
-/// paths; a named port is its container port's number. A probe whose port names no
-/// container port is left out (the kubelet cannot run it either).
+/// paths (without a query); a named port is its container port's number. A probe whose
+/// port names no container port is left out (the kubelet cannot run it either).
 fn probes(
     spec: &k8s_openapi::api::core::v1::PodSpec,
 ) -> std::collections::BTreeMap<u16, Vec<String>> {
@@ -137,11 +137,14 @@ fn probes(
                 IntOrString::String(name) => named(name),
             };
             if let Some(port) = port.filter(|p| *p != 0) {
+                // Without its query: the proxy compares a request's path alone.
                 let path = get
                     .path
-                    .clone()
+                    .as_deref()
+                    .and_then(|p| p.split(['?', '#']).next())
                     .filter(|p| !p.is_empty())
-                    .unwrap_or_else(|| "/".into());
+                    .unwrap_or("/")
+                    .to_string();
                 let paths = out.entry(port).or_default();
                 if !paths.contains(&path) {
                     paths.push(path);

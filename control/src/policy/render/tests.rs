@@ -45,7 +45,7 @@ spec:
   containers:
   - name: web
     ports: [{name: http, containerPort: 8080}, {name: admin, containerPort: 9901}]
-    readinessProbe: {httpGet: {port: admin, path: /ready}}
+    readinessProbe: {httpGet: {port: admin, path: '/ready?verbose=1'}}
     livenessProbe: {httpGet: {port: 8080}}
 status: {podIP: 10.1.0.5}
 ---
