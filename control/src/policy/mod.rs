@@ -21,7 +21,9 @@ mod update;
 
 pub use metrics::PolicyMetrics;
 pub use publish::PolicyPublisher;
-pub use render::{render, render_nodes, Defaults, NodePolicies, Problems, Rendered};
+pub use render::{
+    policy_problems, render, render_nodes, Defaults, NodePolicies, Problems, Rendered,
+};
 pub use update::{chunks, delta_chunks, diff, snapshot_chunks};
 
 use crate::auth::NodeAuth;

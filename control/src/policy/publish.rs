@@ -9,7 +9,7 @@
 //! what it sent. A stream for a node not rendered yet asks for it and waits.
 
 use super::metrics::PolicyMetrics;
-use super::render::{render_nodes, Defaults, NodePolicies, Problems};
+use super::render::{policy_problems, render_nodes, Defaults, NodePolicies, Problems};
 use crate::discovery::Publisher;
 use crate::index::SharedIndex;
 use std::collections::{HashMap, HashSet};
@@ -99,7 +99,11 @@ impl PolicyPublisher {
                 .map(|(n, _)| n.clone())
                 .collect()
         };
-        if only_new && targets.is_empty() {
+        if targets.is_empty() {
+            // No stream: no pod to render, only the policies to check.
+            if !only_new {
+                self.report(&policy_problems(&index.read(), &self.defaults));
+            }
             return;
         }
         // The index's lock is not held together with ours (a subscriber holds ours only).

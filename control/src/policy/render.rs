@@ -72,6 +72,14 @@ pub fn render(index: &ClusterIndex, node: &str, d: &Defaults) -> NodePolicies {
         .unwrap_or_default()
 }
 
+/// What rendering would leave out of any node's pods but conflicts between Servers (which
+/// are found pod by pod): the AuthorizationPolicies skipped or not rendered.
+pub fn policy_problems(index: &ClusterIndex, d: &Defaults) -> Problems {
+    let mut problems = Problems::default();
+    server_authorizations(index, &d.cluster_networks, &mut problems);
+    problems
+}
+
 /// Every meshed pod on the nodes `wanted` says yes to, with what was left out.
 pub fn render_nodes(index: &ClusterIndex, d: &Defaults, wanted: impl Fn(&str) -> bool) -> Rendered {
     let mut problems = Problems::default();
