@@ -19,7 +19,7 @@ pub fn diff(before: &NodePolicies, after: &NodePolicies) -> pb::Update {
             .filter(|k| !after.contains_key(*k))
             .cloned()
             .collect(),
-        more: false,
+        ..pb::Update::default()
     }
 }
 
