@@ -1,5 +1,6 @@
 //! Durations in configuration: `500ms`, `20s`, `90m`, `24h`, `7d`, or a combination
-//! (`1h30m`).
+//! (`1h30m`); and Gateway API's stricter format ([`parse_gateway_duration`]), which
+//! routes and the retry/timeout annotations use.
 
 use std::time::Duration;
 
@@ -55,6 +56,59 @@ pub fn format_duration(d: Duration) -> String {
     }
 }
 
+/// The longest Gateway API duration: 4 parts of 99999 hours.
+const GATEWAY_MAX_PARTS: usize = 4;
+const GATEWAY_MAX_DIGITS: usize = 5;
+
+/// Parses a duration in Gateway API's format (GEP-2257): `^([0-9]{1,5}(h|m|s|ms)){1,4}$`,
+/// e.g. `1h30m`, `500ms`, `0s` — one to four parts, each one to five digits and a unit, no
+/// sign, no space, no fraction. Units may repeat (`1s1s` is 2 s), as the pattern allows.
+/// The error says what is accepted.
+pub fn parse_gateway_duration(s: &str) -> Result<Duration, String> {
+    let bad = |why: &str| {
+        format!(
+            "{s:?} is not a Gateway API duration ({why}); use 1 to 4 parts of up to 5 digits \
+             and a unit h, m, s or ms, e.g. 500ms, 10s, 1h30m"
+        )
+    };
+    if s.is_empty() {
+        return Err(bad("empty"));
+    }
+    let mut total = Duration::ZERO;
+    let mut rest = s.as_bytes();
+    let mut parts = 0;
+    while !rest.is_empty() {
+        parts += 1;
+        if parts > GATEWAY_MAX_PARTS {
+            return Err(bad("more than 4 parts"));
+        }
+        let digits = rest.iter().take_while(|b| b.is_ascii_digit()).count();
+        if digits == 0 {
+            return Err(bad("a part must start with a number"));
+        }
+        if digits > GATEWAY_MAX_DIGITS {
+            return Err(bad("more than 5 digits in a part"));
+        }
+        // At most 5 ASCII digits: fits any integer type; the fold cannot overflow.
+        let n = rest[..digits]
+            .iter()
+            .fold(0u64, |n, d| n * 10 + u64::from(d - b'0'));
+        rest = &rest[digits..];
+        let (unit, len) = match rest {
+            [b'm', b's', ..] => (Duration::from_millis(1), 2),
+            [b'h', ..] => (Duration::from_secs(3600), 1),
+            [b'm', ..] => (Duration::from_secs(60), 1),
+            [b's', ..] => (Duration::from_secs(1), 1),
+            [] => return Err(bad("a number without a unit")),
+            _ => return Err(bad("unknown unit")),
+        };
+        // 4 × 99999 h is far below Duration's range; saturate all the same.
+        total = total.saturating_add(unit.saturating_mul(u32::try_from(n).unwrap_or(u32::MAX)));
+        rest = &rest[len..];
+    }
+    Ok(total)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -72,6 +126,71 @@ mod tests {
         for bad in ["", "24", "h", "10 s", "1.5h", "-1s", "3w"] {
             let err = parse_duration(bad).unwrap_err();
             assert!(err.contains("use a number with a unit"), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn gateway_durations_as_gep_2257_writes_them() {
+        let ok = |s: &str| parse_gateway_duration(s).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(ok("0s"), Duration::ZERO);
+        assert_eq!(ok("500ms"), Duration::from_millis(500));
+        assert_eq!(ok("1h30m"), Duration::from_secs(5400));
+        assert_eq!(ok("1h1m1s1ms"), Duration::from_millis(3_661_001));
+        assert_eq!(ok("99999h"), Duration::from_secs(99_999 * 3600));
+        assert_eq!(
+            ok("1s1s"),
+            Duration::from_secs(2),
+            "the pattern allows a unit twice"
+        );
+        assert_eq!(
+            ok("00010s"),
+            Duration::from_secs(10),
+            "leading zeros are digits"
+        );
+        assert_eq!(ok("1m1ms"), Duration::from_millis(60_001), "m then ms");
+    }
+
+    #[test]
+    fn gateway_durations_refuse_what_the_pattern_refuses() {
+        for bad in [
+            "",
+            "10",
+            "s",
+            "1d",
+            "100000s",
+            "1h1m1s1ms1h",
+            "1.5s",
+            "-1s",
+            "+1s",
+            " 1s",
+            "1s ",
+            "1 s",
+            "1S",
+            "1us",
+            "1msx",
+            "1µs",
+            "1h_30m",
+            "1sm",
+        ] {
+            let err = parse_gateway_duration(bad).expect_err(bad);
+            assert!(err.contains("Gateway API duration"), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn gateway_durations_never_panic_on_any_short_input() {
+        // Every string of up to 4 characters over the alphabet the parser cares about.
+        let alphabet = ['0', '9', 'h', 'm', 's', 'x', '\u{e9}'];
+        let mut words = vec![String::new()];
+        for _ in 0..4 {
+            let next: Vec<String> = words
+                .iter()
+                .flat_map(|w| alphabet.iter().map(move |c| format!("{w}{c}")))
+                .collect();
+            for w in &next {
+                let _ = parse_gateway_duration(w);
+            }
+            words = next;
         }
     }
 }

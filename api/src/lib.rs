@@ -4,7 +4,8 @@
 //!
 //! - [`cni`]: the messages between the CNI plugin and the node proxy.
 //! - [`identity`]: workload identities, their SPIFFE IDs and DNS names.
-//! - [`duration`]: durations as written in configuration (`24h`, `500ms`).
+//! - [`duration`]: durations as written in configuration (`24h`, `500ms`) and in Gateway
+//!   API objects (`1h30m`).
 //! - [`ports`]: port sets as written in annotations (`25,3306,4000-4100`).
 //! - [`proto`]: gRPC bindings generated from `proto/` at build time.
 //!
