@@ -6,11 +6,11 @@
 use super::balance::Pick;
 use super::body::{self, Body};
 use super::detect::{Protocol, Rewind};
-use super::http_metrics::Routes;
+use super::http_metrics::ConnectionSeries;
 use super::metrics::TrafficLabels;
+use super::resolve::{settle, Resolved};
 use super::tunnel::Tunnel;
 use super::{PodContext, ProxyError, Shared, ERROR_HEADER};
-use crate::discovery::Destination;
 use ambit_api::WorkloadIdentity;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Response, StatusCode, Uri, Version};
@@ -90,11 +90,11 @@ pub(super) async fn serve_outbound(
     let shared_idle = shared.http_idle_timeout;
     let stall = super::write_stall_limit(&shared);
     let labels = TrafficLabels::outbound(&pod.workload, String::new(), String::new());
-    let routes = Arc::new(Routes::new(shared.http.clone(), labels));
+    let conn_series = Arc::new(ConnectionSeries::new(shared.http.clone(), labels));
     let service = service_fn(move |req: Request<Incoming>| {
-        let (pod, shared, routes) = (pod.clone(), shared.clone(), routes.clone());
+        let (pod, shared, conn_series) = (pod.clone(), shared.clone(), conn_series.clone());
         async move {
-            let resp = outbound_request(req, dst, &pod, &shared, &routes).await;
+            let resp = outbound_request(req, dst, &pod, &shared, &conn_series).await;
             Ok::<_, std::convert::Infallible>(resp)
         }
     });
@@ -137,101 +137,43 @@ pub(super) async fn serve_outbound(
     }
 }
 
-struct Candidate {
-    addr: SocketAddr,
-    identity: Option<WorkloadIdentity>,
-}
-
-fn candidates(dst: SocketAddr, shared: &Shared) -> Result<(Vec<Candidate>, String), ProxyError> {
-    let state = shared.state.borrow().clone();
-    Ok(match state.resolve(dst) {
-        Destination::Service {
-            service, endpoints, ..
-        } => {
-            if endpoints.is_empty() {
-                return Err(ProxyError::Unavailable(format!(
-                    "no ready endpoints for Service {}/{} port {}",
-                    service.namespace,
-                    service.name,
-                    dst.port()
-                )));
-            }
-            let c = endpoints
-                .into_iter()
-                .map(|(addr, e)| Candidate {
-                    addr,
-                    identity: e.identity,
-                })
-                .collect();
-            (c, format!("{}.{}", service.name, service.namespace))
-        }
-        Destination::Pod(w, addr) => (
-            vec![Candidate {
-                addr,
-                identity: w.meshed.then(|| w.identity.clone()),
-            }],
-            String::new(),
-        ),
-        Destination::Unknown(addr) => {
-            shared.outbound_unknown.check(addr)?;
-            (
-                vec![Candidate {
-                    addr,
-                    identity: None,
-                }],
-                String::new(),
-            )
-        }
-    })
-}
-
 async fn outbound_request(
     req: Request<Incoming>,
     dst: SocketAddr,
     pod: &PodContext,
     shared: &Shared,
-    routes: &Routes,
+    conn_series: &ConnectionSeries,
 ) -> Response<Body> {
     let start = Instant::now();
-    let (cands, dst_service) = match candidates(dst, shared) {
-        Ok(c) => c,
+    let resolved = Resolved::now(dst, shared);
+    let (target, pick) = match resolved.pick(shared) {
+        Ok(t) => t,
         Err(e) => {
-            let route = routes.get("", None);
-            route.request();
-            return route.response(start.elapsed(), error_response(&e));
+            let series = conn_series.get(&resolved.dst_service(), None);
+            series.request();
+            return series.response(start.elapsed(), error_response(&e));
         }
     };
-    let addrs: Vec<SocketAddr> = cands.iter().map(|c| c.addr).collect();
-    let Some((i, pick)) = shared.balancer.pick(&addrs) else {
-        return error_response(&ProxyError::Unavailable("no ready endpoints".into()));
-    };
-    let chosen = &cands[i];
-    let route = routes.get(&dst_service, chosen.identity.as_ref());
-    route.request();
+    let series = conn_series.get(&resolved.dst_service(), target.identity.as_ref());
+    series.request();
     let result = if super::upgrade::is_upgrade(&req) {
-        super::upgrade::forward(req, chosen.addr, chosen.identity.clone(), pod, shared).await
+        super::upgrade::forward(req, target.addr, target.identity.clone(), pod, shared).await
     } else {
-        match &chosen.identity {
-            Some(id) => via_mesh(req, chosen.addr, id.clone(), pod, shared).await,
-            None => direct(req, chosen.addr, pod).await,
+        match &target.identity {
+            Some(id) => via_mesh(req, target.addr, id.clone(), pod, shared).await,
+            None => direct(req, target.addr, pod).await,
         }
     };
     let resp = finish(result, pick);
-    route.response(start.elapsed(), resp)
+    series.response(start.elapsed(), resp)
 }
 
-fn finish(result: Result<Response<Body>, ProxyError>, pick: Pick) -> Response<Body> {
-    match result {
-        Ok(resp) => {
-            pick.success();
-            resp
-        }
-        Err(e) => {
-            pick.failure();
-            tracing::info!(error = %e, "outbound request failed");
-            error_response(&e)
-        }
-    }
+fn finish(result: Result<Response<Body>, ProxyError>, pick: Option<Pick>) -> Response<Body> {
+    settle(pick, result.is_ok());
+    result.unwrap_or_else(|e| {
+        tracing::info!(error = %e, "outbound request failed");
+        error_response(&e)
+    })
 }
 
 /// The request's authority: from an absolute URI (HTTP/2, proxies) or the Host header.
@@ -380,11 +322,11 @@ pub(super) async fn inbound_request(
     req: Request<Incoming>,
     pod: &PodContext,
     client_id: &WorkloadIdentity,
-    routes: &Routes,
+    conn_series: &ConnectionSeries,
 ) -> Response<Body> {
     let w = &pod.workload;
-    let route = routes.get("", None);
-    route.request();
+    let series = conn_series.get("", None);
+    series.request();
     let start = Instant::now();
     let target: Option<SocketAddr> = req
         .headers()
@@ -422,7 +364,7 @@ pub(super) async fn inbound_request(
         tracing::info!(error = %e, client = %client_id, "inbound request failed");
         error_response(&e)
     });
-    route.response(start.elapsed(), resp)
+    series.response(start.elapsed(), resp)
 }
 
 #[cfg(test)]

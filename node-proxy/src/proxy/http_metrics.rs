@@ -2,6 +2,7 @@
 //! classification (gRPC status included), latency.
 
 use super::body::{Body, BoxError};
+use super::classify::{classify, GrpcCode};
 use super::metrics::TrafficLabels;
 use ambit_api::WorkloadIdentity;
 use bytes::Bytes;
@@ -91,9 +92,9 @@ impl HttpMetrics {
     }
 
     /// The handles of one label set, resolved now for every request that shares it.
-    pub fn route(&self, labels: TrafficLabels) -> Route {
+    pub fn handles(&self, labels: TrafficLabels) -> Series {
         self.series.track(&labels.namespace, &labels.pod, &labels);
-        Route(Arc::new(RouteInner {
+        Series(Arc::new(SeriesInner {
             requests: self.requests.get_or_create(&labels).clone(),
             latency: self.latency.get_or_create(&labels).clone(),
             responses: Mutex::default(),
@@ -103,23 +104,23 @@ impl HttpMetrics {
     }
 }
 
-/// The routes of one connection: its requests share every label but the destination
+/// The series of one connection's requests: they share every label but the destination
 /// Service and the endpoint's identity, so each request finds its metric handles with a
 /// comparison or two instead of hashing eight strings into each family (BENCHMARKS.md).
 #[derive(Debug)]
-pub struct Routes {
+pub struct ConnectionSeries {
     metrics: HttpMetrics,
     /// The connection's labels; `server_id` and `dst_service` empty.
     base: TrafficLabels,
-    seen: Mutex<Vec<(String, Option<WorkloadIdentity>, Route)>>,
+    seen: Mutex<Vec<(String, Option<WorkloadIdentity>, Series)>>,
 }
 
-/// Routes a connection keeps; beyond this (a client spraying many Services over one
+/// Series a connection keeps; beyond this (a client spraying many Services over one
 /// connection), requests resolve their handles each time.
-const MAX_ROUTES: usize = 16;
+const MAX_SERIES: usize = 16;
 
-impl Routes {
-    /// The routes of a connection whose requests carry `base`.
+impl ConnectionSeries {
+    /// The series of a connection whose requests carry `base`.
     pub fn new(metrics: HttpMetrics, base: TrafficLabels) -> Self {
         Self {
             metrics,
@@ -128,8 +129,9 @@ impl Routes {
         }
     }
 
-    /// The route to `dst_service` ("" when none) served by `server` (an mTLS peer).
-    pub fn get(&self, dst_service: &str, server: Option<&WorkloadIdentity>) -> Route {
+    /// The series of requests to `dst_service` ("" when none) served by `server` (an mTLS
+    /// peer).
+    pub fn get(&self, dst_service: &str, server: Option<&WorkloadIdentity>) -> Series {
         let mut seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some((_, _, r)) = seen
             .iter()
@@ -143,29 +145,29 @@ impl Routes {
             labels.server_id = id.to_string();
             labels.tls = "true".into();
         }
-        let route = self.metrics.route(labels);
-        if seen.len() < MAX_ROUTES {
-            seen.push((dst_service.to_string(), server.cloned(), route.clone()));
+        let series = self.metrics.handles(labels);
+        if seen.len() < MAX_SERIES {
+            seen.push((dst_service.to_string(), server.cloned(), series.clone()));
         }
-        route
+        series
     }
 }
 
 /// The metric handles of one label set.
 #[derive(Clone, Debug)]
-pub struct Route(Arc<RouteInner>);
+pub struct Series(Arc<SeriesInner>);
 
 #[derive(Debug)]
-struct RouteInner {
+struct SeriesInner {
     metrics: HttpMetrics,
     labels: TrafficLabels,
     requests: Counter,
     latency: Histogram,
     /// Response counters by (status, gRPC status), as they appear.
-    responses: Mutex<Vec<(u16, Option<String>, Counter)>>,
+    responses: Mutex<Vec<(u16, Option<GrpcCode>, Counter)>>,
 }
 
-impl Route {
+impl Series {
     /// A request started.
     pub fn request(&self) {
         self.0.requests.inc();
@@ -176,12 +178,12 @@ impl Route {
     pub fn response(&self, elapsed: Duration, resp: http::Response<Body>) -> http::Response<Body> {
         self.0.latency.observe(elapsed.as_secs_f64() * 1000.0);
         let status = resp.status();
-        let grpc = resp.headers().get("grpc-status").map(grpc_status_label);
+        let grpc = GrpcCode::of(resp.headers());
         let (parts, body) = resp.into_parts();
         let observed = Observed {
             inner: body,
             finish: Some(Finish {
-                route: self.clone(),
+                series: self.clone(),
                 status,
                 grpc,
             }),
@@ -190,25 +192,15 @@ impl Route {
     }
 }
 
-/// A `grpc-status` as a label: one of the 17 codes gRPC defines, else `unknown` — the
-/// value comes from the network (an upstream outside the mesh can send anything), and a
-/// label must not take arbitrarily many values.
-fn grpc_status_label(v: &http::HeaderValue) -> String {
-    match v.to_str().ok().and_then(|s| s.parse::<u8>().ok()) {
-        Some(code) if code <= 16 => code.to_string(),
-        _ => "unknown".into(),
-    }
-}
-
 struct Finish {
-    route: Route,
+    series: Series,
     status: http::StatusCode,
-    grpc: Option<String>,
+    grpc: Option<GrpcCode>,
 }
 
 impl Finish {
     fn record(self) {
-        let r = &self.route.0;
+        let r = &self.series.0;
         let code = self.status.as_u16();
         let mut responses = r.responses.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some((_, _, c)) = responses
@@ -218,20 +210,18 @@ impl Finish {
             c.inc();
             return;
         }
-        let failed =
-            self.status.is_server_error() || self.grpc.as_deref().is_some_and(|g| g != "0");
         let labels = ResponseLabels {
             base: r.labels.clone(),
             status_code: code.to_string(),
-            classification: if failed { "failure" } else { "success" }.into(),
-            grpc_status: self.grpc.clone().unwrap_or_default(),
+            classification: classify(self.status, self.grpc).label().into(),
+            grpc_status: self.grpc.map(GrpcCode::label).unwrap_or_default(),
         };
         let m = &r.metrics;
         m.response_series
             .track(&labels.base.namespace, &labels.base.pod, &labels);
         let counter = m.responses.get_or_create(&labels).clone();
         counter.inc();
-        if responses.len() < MAX_ROUTES {
+        if responses.len() < MAX_SERIES {
             responses.push((code, self.grpc, counter));
         }
     }
@@ -254,8 +244,8 @@ impl http_body::Body for Observed {
         match &polled {
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(t) = frame.trailers_ref() {
-                    if let (Some(f), Some(g)) = (self.finish.as_mut(), t.get("grpc-status")) {
-                        f.grpc = Some(grpc_status_label(g));
+                    if let (Some(f), Some(g)) = (self.finish.as_mut(), GrpcCode::of(t)) {
+                        f.grpc = Some(g);
                     }
                 }
             }
@@ -309,14 +299,14 @@ mod tests {
         }
     }
 
-    fn respond(route: &Route, status: u16, grpc: Option<&str>) {
+    fn respond(series: &Series, status: u16, grpc: Option<&str>) {
         let mut resp = http::Response::new(super::super::body::empty());
         *resp.status_mut() = http::StatusCode::from_u16(status).unwrap();
         if let Some(g) = grpc {
             resp.headers_mut().insert("grpc-status", g.parse().unwrap());
         }
         // The response is counted when its body ends (here: is dropped).
-        drop(route.response(Duration::from_millis(3), resp));
+        drop(series.response(Duration::from_millis(3), resp));
     }
 
     fn text(r: &Registry) -> String {
@@ -342,15 +332,15 @@ mod tests {
     fn grpc_status_labels_from_the_network_take_only_known_values() {
         let mut r = Registry::default();
         let m = HttpMetrics::register(&mut r);
-        let routes = Routes::new(m.clone(), base());
-        let route = routes.get("", None);
+        let conn_series = ConnectionSeries::new(m.clone(), base());
+        let series = conn_series.get("", None);
         // An upstream outside the mesh answering with a new grpc-status each time.
         for i in 0..200 {
             let junk = format!("{i}-junk");
-            respond(&route, 200, Some(&junk));
-            respond(&route, 200, Some(&(1000 + i).to_string()));
+            respond(&series, 200, Some(&junk));
+            respond(&series, 200, Some(&(1000 + i).to_string()));
         }
-        respond(&route, 200, Some("16"));
+        respond(&series, 200, Some("16"));
         let t = text(&r);
         let series: std::collections::BTreeSet<&str> = t
             .lines()
@@ -369,7 +359,7 @@ mod tests {
     fn a_connections_requests_share_series_by_destination_and_peer() {
         let mut r = Registry::default();
         let m = HttpMetrics::register(&mut r);
-        let routes = Routes::new(m.clone(), base());
+        let conn_series = ConnectionSeries::new(m.clone(), base());
         let a = WorkloadIdentity::new("cluster.local", "shop", "api").unwrap();
         let b = WorkloadIdentity::new("cluster.local", "shop", "api-canary").unwrap();
         for (svc, peer, status, grpc) in [
@@ -379,9 +369,9 @@ mod tests {
             ("api.shop", Some(&b), 200, Some("14")),
             ("", None, 200, None),
         ] {
-            let route = routes.get(svc, peer);
-            route.request();
-            respond(&route, status, grpc);
+            let series = conn_series.get(svc, peer);
+            series.request();
+            respond(&series, status, grpc);
         }
         let t = text(&r);
         let to_a = [

@@ -2,7 +2,7 @@
 
 use super::authz::{self, Proto};
 use super::body::{self, Body};
-use super::http_metrics::Routes;
+use super::http_metrics::ConnectionSeries;
 use super::{
     relay, serve_each, PodContext, ProxyError, Shared, TrafficLabels, ERROR_HEADER, PROXY_MARK,
 };
@@ -111,17 +111,17 @@ async fn mesh_connection(
     let service = {
         let (pod, shared, client_id) = (pod.clone(), shared.clone(), client_id.clone());
         let labels = TrafficLabels::inbound(&pod.workload, client_id.to_string());
-        let routes = Arc::new(Routes::new(shared.http.clone(), labels));
+        let conn_series = Arc::new(ConnectionSeries::new(shared.http.clone(), labels));
         service_fn(move |req| {
             let (pod, shared, client_id) = (pod.clone(), shared.clone(), client_id.clone());
-            let routes = routes.clone();
+            let conn_series = conn_series.clone();
             async move {
                 let resp = if req.method() == http::Method::CONNECT {
                     connect_stream(req, pod, shared, client_id, peer).await
                 } else if let Some(denied) = deny_request(&req, &pod, &shared, &client_id, peer) {
                     denied
                 } else {
-                    super::http::inbound_request(req, &pod, &client_id, &routes).await
+                    super::http::inbound_request(req, &pod, &client_id, &conn_series).await
                 };
                 Ok::<_, std::convert::Infallible>(resp)
             }

@@ -16,6 +16,7 @@
 pub mod authz;
 mod balance;
 mod body;
+mod classify;
 mod client;
 mod denied;
 mod detect;
@@ -26,6 +27,7 @@ mod inbound;
 mod metrics;
 mod outbound;
 pub mod redirect;
+mod resolve;
 mod tunnel;
 mod upgrade;
 

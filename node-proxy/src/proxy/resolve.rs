@@ -1,0 +1,144 @@
+//! Where an outbound connection or request goes: the one resolution of an original
+//! destination that the opaque path and the HTTP path share — whether it skips protocol
+//! detection, the endpoints it may reach (each with the identity it must prove, or none
+//! for plaintext), the Service for metrics and routes, and the balancer's choice.
+
+use super::balance::Pick;
+use super::{ProxyError, Shared};
+use crate::discovery::{Destination, DiscoveryState};
+use ambit_api::ports::{PortSet, DEFAULT_OPAQUE_PORTS};
+use ambit_api::WorkloadIdentity;
+use std::net::SocketAddr;
+use std::sync::OnceLock;
+
+/// One place a connection or request may go.
+#[derive(Clone, Debug, PartialEq)]
+pub(super) struct Target {
+    pub addr: SocketAddr,
+    /// The identity the peer must prove: through the mesh tunnel. None: in plaintext,
+    /// straight from the pod's netns (not a meshed pod).
+    pub identity: Option<WorkloadIdentity>,
+}
+
+/// A Service port connected to, as routes name it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct ServicePort {
+    pub namespace: String,
+    pub name: String,
+    pub port: u16,
+}
+
+/// What an original destination resolves to now.
+#[derive(Clone, Debug)]
+pub(super) struct Resolved {
+    /// The destination as the application asked for it.
+    pub dst: SocketAddr,
+    /// The Service connected to, when `dst` is a Service's ClusterIP and port.
+    pub service: Option<ServicePort>,
+    /// Where it may go: the Service's ready endpoints, else `dst` itself.
+    pub targets: Vec<Target>,
+    /// Connections skip protocol detection: the destination pod's opaque ports (for a
+    /// Service, any of its endpoints'), else Linkerd's default opaque ports.
+    pub opaque: bool,
+    /// Neither a Service nor a known pod: subject to `--outbound-unknown`.
+    unknown: bool,
+}
+
+impl Resolved {
+    /// Resolves `dst` against what discovery knows.
+    pub fn new(dst: SocketAddr, state: &DiscoveryState) -> Self {
+        match state.resolve(dst) {
+            Destination::Service {
+                service, endpoints, ..
+            } => Self {
+                dst,
+                opaque: endpoints.iter().any(|(addr, _)| {
+                    state
+                        .workload_by_ip(addr.ip())
+                        .is_some_and(|w| w.opaque_ports.contains(addr.port()))
+                }),
+                service: Some(ServicePort {
+                    namespace: service.namespace.clone(),
+                    name: service.name.clone(),
+                    port: dst.port(),
+                }),
+                targets: endpoints
+                    .into_iter()
+                    .map(|(addr, e)| Target {
+                        addr,
+                        identity: e.identity,
+                    })
+                    .collect(),
+                unknown: false,
+            },
+            Destination::Pod(w, addr) => Self {
+                dst,
+                service: None,
+                opaque: w.opaque_ports.contains(addr.port()),
+                targets: vec![Target {
+                    addr,
+                    identity: w.meshed.then(|| w.identity.clone()),
+                }],
+                unknown: false,
+            },
+            Destination::Unknown(addr) => Self {
+                dst,
+                service: None,
+                opaque: default_opaque_ports().contains(addr.port()),
+                targets: vec![Target {
+                    addr,
+                    identity: None,
+                }],
+                unknown: true,
+            },
+        }
+    }
+
+    /// Resolves `dst` with the proxy's current discovery state.
+    pub fn now(dst: SocketAddr, shared: &Shared) -> Self {
+        Self::new(dst, &shared.state.borrow())
+    }
+
+    /// The `dst_service` label: `<name>.<namespace>`, empty when not a Service.
+    pub fn dst_service(&self) -> String {
+        self.service
+            .as_ref()
+            .map(|s| format!("{}.{}", s.name, s.namespace))
+            .unwrap_or_default()
+    }
+
+    /// Chooses where this connection or request goes: a Service's endpoint by the
+    /// balancer (the pick to settle when it is known how it went), or the one address;
+    /// refused when the Service has no ready endpoint or an unknown destination is not
+    /// allowed.
+    pub fn pick(&self, shared: &Shared) -> Result<(Target, Option<Pick>), ProxyError> {
+        if self.unknown {
+            shared.outbound_unknown.check(self.dst)?;
+        }
+        let Some(service) = &self.service else {
+            return Ok((self.targets[0].clone(), None));
+        };
+        let addrs: Vec<SocketAddr> = self.targets.iter().map(|t| t.addr).collect();
+        let Some((i, pick)) = shared.balancer.pick(&addrs) else {
+            return Err(ProxyError::Unavailable(format!(
+                "no ready endpoints for Service {}/{} port {}",
+                service.namespace, service.name, service.port
+            )));
+        };
+        Ok((self.targets[i].clone(), Some(pick)))
+    }
+}
+
+/// Reports to the balancer how using the picked endpoint went.
+pub(super) fn settle(pick: Option<Pick>, ok: bool) {
+    match (pick, ok) {
+        (Some(p), true) => p.success(),
+        (Some(p), false) => p.failure(),
+        (None, _) => {}
+    }
+}
+
+fn default_opaque_ports() -> &'static PortSet {
+    static PORTS: OnceLock<PortSet> = OnceLock::new();
+    PORTS.get_or_init(|| DEFAULT_OPAQUE_PORTS.parse().unwrap_or_default())
+}
