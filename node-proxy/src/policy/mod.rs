@@ -9,6 +9,7 @@
 
 mod client;
 mod model;
+pub mod routes;
 mod state;
 
 pub use client::{PolicyClient, PolicyMetrics};

@@ -1,0 +1,458 @@
+//! Outbound routes: how requests to a Service port are routed, as the control plane
+//! rendered its HTTPRoutes, GRPCRoutes and annotations (`ambit.policy.v1.ServiceRoutes`).
+//! The control plane has already ordered the rules by Gateway API's precedence; here a
+//! request takes the first rule whose match matches, and that rule's backend by weight.
+//! Everything is validated when it arrives (regexes compiled, header names and values
+//! checked), so that matching a request cannot fail.
+
+use ambit_api::proto::policy as pb;
+use http::header::{HeaderMap, HeaderName, HeaderValue};
+use http::Method;
+use regex::Regex;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The routes of one Service, by Service port.
+#[derive(Debug, Default)]
+pub struct ServiceRoutes {
+    ports: HashMap<u16, Vec<Arc<Rule>>>,
+}
+
+impl ServiceRoutes {
+    /// Parses one Service's routes; the whole Service is refused when any part does not
+    /// parse (a rule left out could send its requests to another rule's backends).
+    pub fn from_pb(s: &pb::ServiceRoutes) -> Result<Self, String> {
+        let mut ports = HashMap::new();
+        for p in &s.ports {
+            let port = u16::try_from(p.port)
+                .ok()
+                .filter(|p| *p != 0)
+                .ok_or_else(|| format!("Service {}: port {} is not a port", s.service, p.port))?;
+            let rules = p
+                .rules
+                .iter()
+                .enumerate()
+                .map(|(i, r)| {
+                    Rule::from_pb(r)
+                        .map(Arc::new)
+                        .map_err(|e| format!("Service {} port {port} rule {i}: {e}", s.service))
+                })
+                .collect::<Result<_, _>>()?;
+            ports.insert(port, rules);
+        }
+        Ok(Self { ports })
+    }
+
+    /// The rules of `port`, in precedence order; None when the port has none (served as a
+    /// Service without routes).
+    pub fn port(&self, port: u16) -> Option<&[Arc<Rule>]> {
+        self.ports.get(&port).map(Vec::as_slice)
+    }
+}
+
+/// The first rule of `rules` that matches the request, if any.
+pub fn select<'a>(rules: &'a [Arc<Rule>], req: &RequestParts<'_>) -> Option<&'a Arc<Rule>> {
+    rules.iter().find(|r| r.matches(req))
+}
+
+/// What matching looks at in a request.
+#[derive(Clone, Copy, Debug)]
+pub struct RequestParts<'a> {
+    pub method: &'a Method,
+    pub path: &'a str,
+    pub query: Option<&'a str>,
+    pub headers: &'a HeaderMap,
+}
+
+impl<'a> RequestParts<'a> {
+    /// The parts of `req`.
+    pub fn of<B>(req: &'a http::Request<B>) -> Self {
+        Self {
+            method: req.method(),
+            path: req.uri().path(),
+            query: req.uri().query(),
+            headers: req.headers(),
+        }
+    }
+}
+
+/// One rule: a match and what to do with the requests it matches.
+#[derive(Debug)]
+pub struct Rule {
+    /// For metrics: `HTTPRoute`, `GRPCRoute` or `default`.
+    pub route_kind: String,
+    pub route_namespace: String,
+    pub route_name: String,
+    matcher: Option<Matcher>,
+    pub request_headers: HeaderModifier,
+    pub response_headers: HeaderModifier,
+    /// Empty: the parent Service itself.
+    pub backends: Vec<Backend>,
+    /// The sum of the backends' weights.
+    total_weight: u64,
+    pub timeouts: Timeouts,
+    pub retry: Option<Retry>,
+    /// A GRPCRoute's rule.
+    pub grpc: bool,
+}
+
+impl Rule {
+    fn from_pb(r: &pb::Rule) -> Result<Self, String> {
+        let backends = r
+            .backends
+            .iter()
+            .map(Backend::from_pb)
+            .collect::<Result<Vec<_>, _>>()?;
+        let total_weight = backends.iter().map(|b| u64::from(b.weight)).sum();
+        let timeouts = r
+            .timeouts
+            .as_ref()
+            .map(Timeouts::from_pb)
+            .unwrap_or_default();
+        Ok(Self {
+            route_kind: r.route_kind.clone(),
+            route_namespace: r.route_namespace.clone(),
+            route_name: r.route_name.clone(),
+            matcher: r.r#match.as_ref().map(Matcher::from_pb).transpose()?,
+            request_headers: HeaderModifier::from_pb(r.request_headers.as_ref())
+                .map_err(|e| format!("request header modifier: {e}"))?,
+            response_headers: HeaderModifier::from_pb(r.response_headers.as_ref())
+                .map_err(|e| format!("response header modifier: {e}"))?,
+            backends,
+            total_weight,
+            timeouts,
+            retry: r.retry.as_ref().map(Retry::from_pb).transpose()?,
+            grpc: r.grpc,
+        })
+    }
+
+    /// Whether the request matches (a rule with no match matches everything).
+    pub fn matches(&self, req: &RequestParts<'_>) -> bool {
+        self.matcher.as_ref().is_none_or(|m| m.matches(req))
+    }
+
+    /// A backend by weight (`roll` uniform in 0..1 picks it); None when the rule has no
+    /// backends (the parent Service) — or only backends of weight 0, which is an error
+    /// the caller reports: Gateway API says such a rule answers 500.
+    pub fn backend(&self, roll: f64) -> Option<&Backend> {
+        if self.total_weight == 0 {
+            return None;
+        }
+        // `roll` in [0, 1) scaled to the total: the first backend whose cumulative weight
+        // exceeds it.
+        let mut at = (roll * self.total_weight as f64) as u64;
+        for b in &self.backends {
+            let w = u64::from(b.weight);
+            if at < w {
+                return Some(b);
+            }
+            at -= w;
+        }
+        self.backends.iter().rev().find(|b| b.weight > 0)
+    }
+
+    /// Whether the rule names backends that may never be chosen (all weight 0).
+    pub fn has_no_usable_backend(&self) -> bool {
+        !self.backends.is_empty() && self.total_weight == 0
+    }
+}
+
+/// A request match: every part present must match.
+#[derive(Debug)]
+struct Matcher {
+    path: Option<PathMatch>,
+    headers: Vec<(HeaderName, ValueMatch)>,
+    query: Vec<(String, ValueMatch)>,
+    method: Option<Method>,
+    /// gRPC `/<service>/<method>`; an empty part matches any.
+    grpc: Option<(String, String)>,
+}
+
+#[derive(Debug)]
+enum PathMatch {
+    Exact(String),
+    Prefix(String),
+    Regex(Regex),
+}
+
+#[derive(Debug)]
+enum ValueMatch {
+    Exact(String),
+    Regex(Regex),
+}
+
+impl ValueMatch {
+    fn from_pb(v: &pb::ValueMatch) -> Result<Self, String> {
+        match &v.value {
+            Some(pb::value_match::Value::Exact(s)) => Ok(ValueMatch::Exact(s.clone())),
+            Some(pb::value_match::Value::Regex(r)) => Ok(ValueMatch::Regex(whole(r)?)),
+            None => Err(format!("match on {:?} has no value", v.name)),
+        }
+    }
+
+    fn matches(&self, v: &str) -> bool {
+        match self {
+            ValueMatch::Exact(s) => s == v,
+            ValueMatch::Regex(r) => r.is_match(v),
+        }
+    }
+}
+
+/// A regex that must match the whole value.
+fn whole(r: &str) -> Result<Regex, String> {
+    Regex::new(&format!("^(?:{r})$")).map_err(|e| format!("regular expression {r:?}: {e}"))
+}
+
+impl Matcher {
+    fn from_pb(m: &pb::RequestMatch) -> Result<Self, String> {
+        let path = match m.path.as_ref().and_then(|p| p.kind.as_ref()) {
+            None => None,
+            Some(pb::path_match::Kind::Exact(p)) => Some(PathMatch::Exact(p.clone())),
+            Some(pb::path_match::Kind::Prefix(p)) => {
+                if !p.starts_with('/') {
+                    return Err(format!("path prefix {p:?} does not start with /"));
+                }
+                // "/api/" and "/api" match the same paths.
+                let p = p.trim_end_matches('/');
+                Some(PathMatch::Prefix(p.to_string()))
+            }
+            Some(pb::path_match::Kind::Regex(r)) => Some(PathMatch::Regex(whole(r)?)),
+        };
+        let headers = m
+            .headers
+            .iter()
+            .map(|h| {
+                let name = HeaderName::from_bytes(h.name.as_bytes())
+                    .map_err(|_| format!("{:?} is not a header name", h.name))?;
+                Ok((name, ValueMatch::from_pb(h)?))
+            })
+            .collect::<Result<_, String>>()?;
+        let query = m
+            .query_params
+            .iter()
+            .map(|q| Ok((q.name.clone(), ValueMatch::from_pb(q)?)))
+            .collect::<Result<_, String>>()?;
+        let method = if m.method.is_empty() {
+            None
+        } else {
+            Some(
+                Method::from_bytes(m.method.as_bytes())
+                    .map_err(|_| format!("{:?} is not a method", m.method))?,
+            )
+        };
+        Ok(Self {
+            path,
+            headers,
+            query,
+            method,
+            grpc: m
+                .grpc
+                .as_ref()
+                .map(|g| (g.service.clone(), g.method.clone())),
+        })
+    }
+
+    fn matches(&self, req: &RequestParts<'_>) -> bool {
+        let path_ok = match &self.path {
+            None => true,
+            Some(PathMatch::Exact(p)) => req.path == p,
+            Some(PathMatch::Prefix(p)) => {
+                // Element-wise: "/api" matches "/api" and "/api/x", not "/apix".
+                req.path
+                    .strip_prefix(p.as_str())
+                    .is_some_and(|rest| rest.is_empty() || rest.starts_with('/') || p.is_empty())
+            }
+            Some(PathMatch::Regex(r)) => r.is_match(req.path),
+        };
+        path_ok
+            && self.method.as_ref().is_none_or(|m| m == req.method)
+            && self.headers.iter().all(|(name, want)| {
+                // Any of a repeated header's values may match.
+                req.headers
+                    .get_all(name)
+                    .iter()
+                    .any(|v| v.to_str().is_ok_and(|v| want.matches(v)))
+            })
+            && self.query.iter().all(|(name, want)| {
+                query_values(req.query, name)
+                    .next()
+                    .is_some_and(|v| want.matches(&v))
+            })
+            && self.grpc.as_ref().is_none_or(|(svc, method)| {
+                let mut parts = req.path.strip_prefix('/').unwrap_or("").splitn(2, '/');
+                let (s, m) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+                (svc.is_empty() || svc == s) && (method.is_empty() || method == m)
+            })
+    }
+}
+
+/// The values of query parameter `name` (percent-decoding left as sent: Gateway API
+/// matches the raw value), first first.
+fn query_values<'a>(query: Option<&'a str>, name: &'a str) -> impl Iterator<Item = String> + 'a {
+    query.unwrap_or("").split('&').filter_map(move |kv| {
+        let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+        (k == name).then(|| v.to_string())
+    })
+}
+
+/// RequestHeaderModifier / ResponseHeaderModifier.
+#[derive(Debug, Default)]
+pub struct HeaderModifier {
+    set: Vec<(HeaderName, HeaderValue)>,
+    add: Vec<(HeaderName, HeaderValue)>,
+    remove: Vec<HeaderName>,
+}
+
+impl HeaderModifier {
+    fn from_pb(m: Option<&pb::HeaderModifier>) -> Result<Self, String> {
+        let Some(m) = m else {
+            return Ok(Self::default());
+        };
+        let pair = |h: &pb::Header| -> Result<(HeaderName, HeaderValue), String> {
+            let name = HeaderName::from_bytes(h.name.as_bytes())
+                .map_err(|_| format!("{:?} is not a header name", h.name))?;
+            let value = HeaderValue::from_str(&h.value)
+                .map_err(|_| format!("{:?} is not a header value", h.value))?;
+            Ok((name, value))
+        };
+        Ok(Self {
+            set: m.set.iter().map(pair).collect::<Result<_, _>>()?,
+            add: m.add.iter().map(pair).collect::<Result<_, _>>()?,
+            remove: m
+                .remove
+                .iter()
+                .map(|n| {
+                    HeaderName::from_bytes(n.as_bytes())
+                        .map_err(|_| format!("{n:?} is not a header name"))
+                })
+                .collect::<Result<_, _>>()?,
+        })
+    }
+
+    /// Applies the modifier: set, then add, then remove (Gateway API's order).
+    pub fn apply(&self, h: &mut HeaderMap) {
+        for (n, v) in &self.set {
+            h.insert(n.clone(), v.clone());
+        }
+        for (n, v) in &self.add {
+            h.append(n.clone(), v.clone());
+        }
+        for n in &self.remove {
+            h.remove(n);
+        }
+    }
+
+    /// Whether it changes nothing.
+    pub fn is_empty(&self) -> bool {
+        self.set.is_empty() && self.add.is_empty() && self.remove.is_empty()
+    }
+}
+
+/// A backend Service port and its weight.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Backend {
+    pub namespace: String,
+    pub name: String,
+    pub port: u16,
+    pub weight: u32,
+}
+
+impl Backend {
+    fn from_pb(b: &pb::Backend) -> Result<Self, String> {
+        let (namespace, name) = b
+            .service
+            .split_once('/')
+            .filter(|(ns, n)| !ns.is_empty() && !n.is_empty())
+            .ok_or_else(|| format!("backend {:?} is not <namespace>/<name>", b.service))?;
+        let port = u16::try_from(b.port)
+            .ok()
+            .filter(|p| *p != 0)
+            .ok_or_else(|| format!("backend {}: port {} is not a port", b.service, b.port))?;
+        Ok(Self {
+            namespace: namespace.into(),
+            name: name.into(),
+            port,
+            weight: b.weight,
+        })
+    }
+}
+
+/// A rule's timeouts; None: no limit.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Timeouts {
+    /// The whole request, retries included.
+    pub request: Option<Duration>,
+    /// Each try.
+    pub backend_request: Option<Duration>,
+    /// Time to the response's headers.
+    pub response: Option<Duration>,
+    /// A response body with no frame for this long is ended.
+    pub idle: Option<Duration>,
+}
+
+impl Timeouts {
+    fn from_pb(t: &pb::Timeouts) -> Self {
+        let ms = |v: u64| (v > 0).then(|| Duration::from_millis(v));
+        Self {
+            request: ms(t.request_ms),
+            backend_request: ms(t.backend_request_ms),
+            response: ms(t.response_ms),
+            idle: ms(t.idle_ms),
+        }
+    }
+
+    /// How long the response's headers may take: the tightest of the limits that apply
+    /// to one try.
+    pub fn headers(&self) -> Option<Duration> {
+        [self.request, self.backend_request, self.response]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+}
+
+/// What is retried, how often.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Retry {
+    pub limit: u32,
+    pub http_statuses: Vec<(u16, u16)>,
+    pub grpc_codes: Vec<u8>,
+    pub backoff: Duration,
+}
+
+impl Retry {
+    fn from_pb(r: &pb::Retry) -> Result<Self, String> {
+        let http_statuses = r
+            .http_statuses
+            .iter()
+            .map(|s| {
+                let ok = (100..=599).contains(&s.min) && s.min <= s.max && s.max <= 599;
+                if ok {
+                    Ok((s.min as u16, s.max as u16))
+                } else {
+                    Err(format!("retry status range {}-{} is not one", s.min, s.max))
+                }
+            })
+            .collect::<Result<_, _>>()?;
+        let grpc_codes = r
+            .grpc_codes
+            .iter()
+            .map(|c| {
+                u8::try_from(*c)
+                    .ok()
+                    .filter(|c| *c <= 16)
+                    .ok_or_else(|| format!("retry gRPC code {c} is not one"))
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Self {
+            limit: r.limit,
+            http_statuses,
+            grpc_codes,
+            backoff: Duration::from_millis(r.backoff_ms),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests;
