@@ -219,7 +219,8 @@ GOOD = {
     "Server": {"spec": {"podSelector": {"matchLabels": {"app": "web"}}, "port": "http", "proxyProtocol": "HTTP/1"}},
     "AuthorizationPolicy": {"spec": {"targetRef": {"group": "policy.ambit.dev", "kind": "Server", "name": "web-http"},
                                      "requiredAuthenticationRefs": [{"group": "policy.ambit.dev", "kind": "MeshTLSAuthentication", "name": "frontends"}]}},
-    "MeshTLSAuthentication": {"spec": {"identities": ["spiffe://cluster.local/ns/shop/sa/frontend", "*.shop.serviceaccount.identity.ambit.cluster.local"]}},
+    "MeshTLSAuthentication": {"spec": {"identities": ["spiffe://cluster.local/ns/shop/sa/frontend", "spiffe://cluster.local/ns/batch/*",
+                                                   "*.shop.serviceaccount.identity.ambit.cluster.local"]}},
     "NetworkAuthentication": {"spec": {"networks": [{"cidr": "10.0.0.0/8", "except": ["10.1.0.0/16"]}]}},
     "HTTPRoute": {"spec": {"parentRefs": [{"kind": "Service", "group": "core", "name": "web", "port": 80}],
                            "rules": [{"matches": [{"path": {"type": "PathPrefix", "value": "/api"}, "method": "GET"}],
@@ -233,7 +234,7 @@ GOOD = {
 BAD = {
     "Server": {"spec": {"podSelector": {}, "port": 70000}},
     "AuthorizationPolicy": {"spec": {"targetRef": {"kind": "Deployment", "name": "web"}, "requiredAuthenticationRefs": []}},
-    "MeshTLSAuthentication": {"spec": {"identities": ["spiffe://a*b"]}},
+    "MeshTLSAuthentication": {"spec": {"identities": ["spiffe://a*b", "*spiffe://a/*"]}},
     "NetworkAuthentication": {"spec": {"networks": [{"cidr": "ten.zero"}]}},
     "HTTPRoute": {"spec": {"rules": [{"backendRefs": [{"name": "web", "weight": -1}]}]}},
     "GRPCRoute": {"spec": {"rules": [{"timeouts": {"request": "soon"}}]}},

@@ -6,7 +6,8 @@
 //! connections closed), and counts each decision with Linkerd's metric names. Then the
 //! control plane's policy service: a namespace's `config.ambit.dev/default-inbound-policy`
 //! applies to running pods, the kubelet's probes pass a `deny`, a change ends an open
-//! connection it now denies.
+//! connection it now denies. And Servers with their AuthorizationPolicies: named
+//! identities, NetworkAuthentications with `except`, both at once, prefixes, audit.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure
 
@@ -133,11 +134,16 @@ impl Mesh {
     /// Raw bytes (not HTTP) from `from` to the server's port 8080: what came back, or the
     /// error.
     async fn raw(&self, from: &str) -> String {
+        self.raw_to(from, 8080, 10).await
+    }
+
+    /// Raw bytes (not HTTP) from `from` to the server's `port`, reading for at most `secs`.
+    async fn raw_to(&self, from: &str, port: u16, secs: u32) -> String {
         let pod = self.t.pod(from).clone();
         let server = self.t.pod("server").ip;
         tokio::task::spawn_blocking(move || {
             let script = format!(
-                "exec 3<>/dev/tcp/{server}/8080 && printf '\\x00\\x01binary\\n' >&3 && timeout 10 cat <&3; echo \"exit=$?\""
+                "exec 3<>/dev/tcp/{server}/{port} && printf '\\x00\\x01binary\\n' >&3 && timeout {secs} cat <&3; echo \"exit=$?\""
             );
             let out = Command::new("ip")
                 .args(["netns", "exec", &pod.name, "bash", "-c", &script])
@@ -499,4 +505,267 @@ async fn the_policy_stream_is_node_scoped() {
         .contains("policy_watches_refused_total 2"));
     cp.stop().await;
     drop(t);
+}
+
+/// The server pod (labelled `app: server`, container port `http` 8080, echo on 7000)
+/// behind a Server for `http` whose accessPolicy is `access`, and the policy `objects`
+/// (YAML documents) beside it; a second meshed client `other` with its own
+/// ServiceAccount. The namespace's default stays all-unauthenticated.
+fn policy_cluster(t: &Topology, access: &str, objects: &str) -> String {
+    let p = |name: &str| t.pod(name);
+    format!(
+        "{NAMESPACES}---
+apiVersion: v1
+kind: Pod
+metadata: {{name: client, namespace: shop, annotations: {{local.ambit.dev/netns: {}}}}}
+spec: {{nodeName: node-a, serviceAccountName: client, containers: []}}
+status: {{podIP: {}, phase: Running}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: other, namespace: shop, annotations: {{local.ambit.dev/netns: {}}}}}
+spec: {{nodeName: node-a, serviceAccountName: other, containers: []}}
+status: {{podIP: {}, phase: Running}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: outside, namespace: shop, annotations: {{local.ambit.dev/netns: {}, ambit.dev/mesh: disabled}}}}
+spec: {{nodeName: node-a, serviceAccountName: outside, containers: []}}
+status: {{podIP: {}, phase: Running}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: server, namespace: shop, labels: {{app: server}}, annotations: {{local.ambit.dev/netns: {}}}}}
+spec:
+  nodeName: node-b
+  serviceAccountName: server
+  containers:
+  - name: app
+    ports: [{{name: http, containerPort: 8080}}, {{name: echo, containerPort: 7000}}]
+status: {{podIP: {}, phase: Running}}
+---
+apiVersion: policy.ambit.dev/v1alpha1
+kind: Server
+metadata: {{name: web, namespace: shop}}
+spec: {{podSelector: {{matchLabels: {{app: server}}}}, port: http, proxyProtocol: HTTP/1, accessPolicy: {access}}}
+{objects}",
+        p("client").path(),
+        p("client").ip,
+        p("other").path(),
+        p("other").ip,
+        p("outside").path(),
+        p("outside").ip,
+        p("server").path(),
+        p("server").ip,
+    )
+}
+
+/// An AuthorizationPolicy `name` on the Server `web` requiring `refs` (kind/name pairs).
+fn authorization(name: &str, refs: &[(&str, &str)]) -> String {
+    let refs: Vec<String> = refs
+        .iter()
+        .map(|(kind, n)| format!("{{group: policy.ambit.dev, kind: {kind}, name: {n}}}"))
+        .collect();
+    format!(
+        "---
+apiVersion: policy.ambit.dev/v1alpha1
+kind: AuthorizationPolicy
+metadata: {{name: {name}, namespace: shop}}
+spec:
+  targetRef: {{group: policy.ambit.dev, kind: Server, name: web}}
+  requiredAuthenticationRefs: [{}]
+",
+        refs.join(", ")
+    )
+}
+
+/// The HTTP status line's code of curl's output ("000" when there is none).
+fn status(out: &str) -> &str {
+    out.split_whitespace()
+        .nth(1)
+        .filter(|_| out.starts_with("HTTP/"))
+        .unwrap_or("000")
+}
+
+/// Retries until each client in `want` gets its status from the server's `http` port,
+/// up to a deadline (a change takes a moment to reach the proxy); returns what each got.
+async fn until_all(m: &Mesh, want: &[(&str, &str)]) -> Vec<(String, String)> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let mut got = Vec::new();
+        for (from, _) in want {
+            let out = m.curl(from, &[]).await;
+            got.push((from.to_string(), out));
+        }
+        let ok = got
+            .iter()
+            .zip(want)
+            .all(|((_, out), (_, code))| status(out) == *code);
+        if ok || std::time::Instant::now() > deadline {
+            return got;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+}
+
+fn assert_statuses(got: &[(String, String)], want: &[(&str, &str)]) {
+    for ((from, out), (_, code)) in got.iter().zip(want) {
+        assert_eq!(status(out), *code, "{from}: {out}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn servers_and_authorization_policies_allow_named_identities_and_networks_only() {
+    let t = Topology::new(&["client", "other", "outside", "server"]);
+    let clients = "---
+apiVersion: policy.ambit.dev/v1alpha1
+kind: MeshTLSAuthentication
+metadata: {name: clients, namespace: shop}
+spec: {identities: ['spiffe://cluster.local/ns/shop/sa/client']}
+";
+    let yaml = policy_cluster(
+        &t,
+        "deny",
+        &format!(
+            "{clients}{}",
+            authorization("client-only", &[("MeshTLSAuthentication", "clients")])
+        ),
+    );
+    let cp = ControlPlane::start(&yaml, &["node-a", "node-b"]).await;
+    let a = NodeProxy::start(&cp, "node-a").await;
+    let b = NodeProxy::start(&cp, "node-b").await;
+    let server = Netns::open(Path::new(&t.pod("server").path())).unwrap();
+    app(&server).await;
+    echo(&server, 7000).await;
+    std::mem::forget(server);
+    let m = Mesh { t, cp, a, b };
+
+    // The Server's port admits the identity its AuthorizationPolicy names, and no one
+    // else: not another meshed client, not a plaintext one (the Server's accessPolicy is
+    // deny).
+    let want = [("client", "200"), ("other", "403"), ("outside", "403")];
+    assert_statuses(&until_all(&m, &want).await, &want);
+    // A port no Server selects keeps the namespace's default (all-unauthenticated).
+    let out = m.raw_to("outside", 7000, 2).await;
+    assert!(out.contains("binary"), "{out}");
+    let metrics = m.b.metrics().await;
+    let srv = ["srv_kind=\"server\"", "srv_name=\"web\"", "pod=\"server\""];
+    let allowed = metric_sum(
+        &metrics,
+        "inbound_http_authz_allow_total",
+        &[
+            &srv[..],
+            &[
+                "authz_kind=\"authorizationpolicy\"",
+                "authz_name=\"client-only\"",
+            ],
+        ]
+        .concat(),
+    );
+    assert!(allowed >= 1, "{metrics}");
+    assert!(
+        metric_sum(&metrics, "inbound_http_authz_deny_total", &srv) >= 2,
+        "{metrics}"
+    );
+
+    // A NetworkAuthentication for the pods' subnet except `other`: the plaintext client
+    // is admitted by its address, `other` stays out (its address is excepted, its
+    // identity not named).
+    let other = m.t.pod("other").ip;
+    let subnet = format!(
+        "---
+apiVersion: policy.ambit.dev/v1alpha1
+kind: NetworkAuthentication
+metadata: {{name: subnet, namespace: shop}}
+spec: {{networks: [{{cidr: 10.77.0.0/24, except: ['{other}/32']}}]}}
+"
+    );
+    m.cp.set_cluster(&policy_cluster(
+        &m.t,
+        "deny",
+        &format!(
+            "{clients}{}{subnet}{}",
+            authorization("client-only", &[("MeshTLSAuthentication", "clients")]),
+            authorization("from-subnet", &[("NetworkAuthentication", "subnet")]),
+        ),
+    ));
+    let want = [("client", "200"), ("other", "403"), ("outside", "200")];
+    assert_statuses(&until_all(&m, &want).await, &want);
+    // (Plaintext is judged per connection: a TCP decision.)
+    let metrics = m.b.metrics().await;
+    assert!(
+        metric_sum(
+            &metrics,
+            "inbound_tcp_authz_allow_total",
+            &["authz_name=\"from-subnet\""]
+        ) >= 1,
+        "{metrics}"
+    );
+
+    // Both requirements in one policy must both match: the client's identity from an
+    // address outside the NetworkAuthentication is refused.
+    let client = m.t.pod("client").ip;
+    let not_client = format!(
+        "---
+apiVersion: policy.ambit.dev/v1alpha1
+kind: NetworkAuthentication
+metadata: {{name: subnet, namespace: shop}}
+spec: {{networks: [{{cidr: 10.77.0.0/24, except: ['{client}/32']}}]}}
+"
+    );
+    m.cp.set_cluster(&policy_cluster(
+        &m.t,
+        "deny",
+        &format!(
+            "{clients}{not_client}{}",
+            authorization(
+                "client-from-subnet",
+                &[
+                    ("MeshTLSAuthentication", "clients"),
+                    ("NetworkAuthentication", "subnet")
+                ]
+            ),
+        ),
+    ));
+    let want = [("client", "403"), ("other", "403"), ("outside", "403")];
+    assert_statuses(&until_all(&m, &want).await, &want);
+
+    // A trailing-`*` SPIFFE prefix names every ServiceAccount of the namespace, and an
+    // audit Server lets the rest through, counted as audit.
+    let everyone = "---
+apiVersion: policy.ambit.dev/v1alpha1
+kind: MeshTLSAuthentication
+metadata: {name: clients, namespace: shop}
+spec: {identities: ['spiffe://cluster.local/ns/shop/*']}
+";
+    m.cp.set_cluster(&policy_cluster(
+        &m.t,
+        "audit",
+        &format!(
+            "{everyone}{}",
+            authorization("shop", &[("MeshTLSAuthentication", "clients")])
+        ),
+    ));
+    let want = [("client", "200"), ("other", "200"), ("outside", "200")];
+    // `outside` passes under deny too once audit applies; wait for the meshed one that
+    // changed.
+    assert_statuses(&until_all(&m, &want).await, &want);
+    let metrics = m.b.metrics().await;
+    assert!(
+        metric_sum(
+            &metrics,
+            "inbound_http_authz_allow_total",
+            &["authz_name=\"shop\""]
+        ) >= 2,
+        "{metrics}"
+    );
+    assert!(
+        metric_sum(
+            &metrics,
+            "inbound_tcp_authz_allow_total",
+            &["authz_kind=\"audit\"", "srv_name=\"web\""]
+        ) >= 1,
+        "{metrics}"
+    );
+    m.stop().await;
 }
