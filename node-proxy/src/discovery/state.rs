@@ -299,46 +299,57 @@ impl DiscoveryState {
 
     /// What an outbound connection to `addr` reaches.
     pub fn resolve(&self, addr: SocketAddr) -> Destination {
-        if let Some(svc) = self
+        if let Some(dest) = self
             .by_vip
             .get(&addr.ip())
             .and_then(|k| self.services.get(k))
+            .and_then(|svc| self.service_port(svc, addr.port()))
         {
-            if let Some(port) = svc.ports.iter().find(|p| p.port == addr.port()) {
-                let endpoints = svc
-                    .endpoints
-                    .iter()
-                    .filter(|e| e.ready)
-                    .filter_map(|e| {
-                        let p = e.ports.get(&port.name).copied().or_else(|| {
-                            // A Service with a single unnamed port maps to the slice's only port.
-                            (e.ports.len() == 1)
-                                .then(|| e.ports.values().next().copied())
-                                .flatten()
-                        })?;
-                        let mut e = e.clone();
-                        // A meshed pod is reached through the tunnel even when its
-                        // EndpointSlice does not say who it is (never in plaintext).
-                        if e.identity.is_none() {
-                            e.identity = self
-                                .workload_by_ip(e.address)
-                                .filter(|w| w.meshed)
-                                .map(|w| w.identity.clone());
-                        }
-                        Some((SocketAddr::new(e.address, p), e))
-                    })
-                    .collect();
-                return Destination::Service {
-                    service: svc.clone(),
-                    port: port.clone(),
-                    endpoints,
-                };
-            }
+            return dest;
         }
         match self.workload_by_ip(addr.ip()) {
             Some(w) => Destination::Pod(w, addr),
             None => Destination::Unknown(addr),
         }
+    }
+
+    /// Port `port` of Service `namespace`/`name` (a route's backend), if both exist.
+    pub fn service(&self, namespace: &str, name: &str, port: u16) -> Option<Destination> {
+        let svc = self.services.get(&format!("{namespace}/{name}"))?;
+        self.service_port(svc, port)
+    }
+
+    /// The ready endpoints behind port `port` of `svc`, if it has that port.
+    fn service_port(&self, svc: &Arc<Service>, port: u16) -> Option<Destination> {
+        let port = svc.ports.iter().find(|p| p.port == port)?;
+        let endpoints = svc
+            .endpoints
+            .iter()
+            .filter(|e| e.ready)
+            .filter_map(|e| {
+                let p = e.ports.get(&port.name).copied().or_else(|| {
+                    // A Service with a single unnamed port maps to the slice's only port.
+                    (e.ports.len() == 1)
+                        .then(|| e.ports.values().next().copied())
+                        .flatten()
+                })?;
+                let mut e = e.clone();
+                // A meshed pod is reached through the tunnel even when its
+                // EndpointSlice does not say who it is (never in plaintext).
+                if e.identity.is_none() {
+                    e.identity = self
+                        .workload_by_ip(e.address)
+                        .filter(|w| w.meshed)
+                        .map(|w| w.identity.clone());
+                }
+                Some((SocketAddr::new(e.address, p), e))
+            })
+            .collect();
+        Some(Destination::Service {
+            service: svc.clone(),
+            port: port.clone(),
+            endpoints,
+        })
     }
 }
 

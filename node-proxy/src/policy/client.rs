@@ -135,7 +135,7 @@ impl PolicyClient {
             state.send_modify(|s| {
                 for bad in Arc::make_mut(s).apply(update) {
                     metrics.invalid.inc();
-                    tracing::warn!(error = %bad, "refusing a pod's inbound policy; it keeps its last good one");
+                    tracing::warn!(error = %bad, "refusing a policy; what it was for keeps its last good one");
                 }
             });
         }
@@ -154,6 +154,8 @@ impl crate::stream::Chunked for ambit_api::proto::policy::Update {
     fn append(&mut self, mut later: Self) {
         self.pods.append(&mut later.pods);
         self.removed_pods.append(&mut later.removed_pods);
+        self.services.append(&mut later.services);
+        self.removed_services.append(&mut later.removed_services);
         self.more = later.more;
     }
 }

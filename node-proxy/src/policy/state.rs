@@ -2,9 +2,10 @@
 //! left it. A pod the control plane has sent nothing for — before the first snapshot, or
 //! while the control plane is away and the pod is new — is served under the default policy
 //! the proxy was started with (`--default-inbound-policy`): a meshed pod is never served
-//! with no policy.
+//! with no policy. And the outbound routes of every Service that has some.
 
 use super::model::{PodPolicy, PortPolicy};
+use super::routes::ServiceRoutes;
 use ambit_api::proto::policy as pb;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -14,6 +15,8 @@ use std::sync::Arc;
 pub struct PolicyState {
     pods: HashMap<String, Arc<PodPolicy>>,
     fallback: Arc<PodPolicy>,
+    /// "<namespace>/<name>" of a Service → its routes.
+    services: HashMap<String, Arc<ServiceRoutes>>,
     /// Whether a snapshot has arrived.
     synced: bool,
     /// Bumped on every change: connections re-check their verdict when it moves.
@@ -29,6 +32,7 @@ impl PolicyState {
                 ports: HashMap::new(),
                 default: Arc::new(fallback),
             }),
+            services: HashMap::new(),
             synced: false,
             generation: 0,
         }
@@ -41,6 +45,11 @@ impl PolicyState {
             .unwrap_or(&self.fallback)
             .port(port)
             .clone()
+    }
+
+    /// The routes of Service `namespace`/`name`, if it has any.
+    pub fn routes(&self, namespace: &str, name: &str) -> Option<Arc<ServiceRoutes>> {
+        self.services.get(&format!("{namespace}/{name}")).cloned()
     }
 
     /// Whether a snapshot has arrived.
@@ -86,9 +95,37 @@ impl PolicyState {
             }
         }
         self.pods = next;
+        self.apply_routes(&update, &mut refused);
         self.synced |= update.snapshot;
         self.generation += 1;
         refused
+    }
+
+    /// The Services' routes of `update`: a Service whose routes do not parse keeps its
+    /// last good ones (never half of them).
+    fn apply_routes(&mut self, update: &pb::Update, refused: &mut Vec<String>) {
+        let mut next = if update.snapshot {
+            HashMap::new()
+        } else {
+            std::mem::take(&mut self.services)
+        };
+        for name in &update.removed_services {
+            next.remove(name);
+        }
+        for s in &update.services {
+            match ServiceRoutes::from_pb(s) {
+                Ok(routes) => {
+                    next.insert(s.service.clone(), Arc::new(routes));
+                }
+                Err(e) => {
+                    if let Some(old) = self.services.get(&s.service) {
+                        next.insert(s.service.clone(), old.clone());
+                    }
+                    refused.push(e);
+                }
+            }
+        }
+        self.services = next;
     }
 }
 
@@ -209,5 +246,72 @@ mod tests {
             .port("shop/api", 9000)
             .check(&client(None), None)
             .allowed());
+    }
+
+    fn service(name: &str, route: &str, regex: &str) -> pb::ServiceRoutes {
+        pb::ServiceRoutes {
+            service: name.into(),
+            ports: vec![pb::PortRoutes {
+                port: 80,
+                rules: vec![pb::Rule {
+                    route_kind: "HTTPRoute".into(),
+                    route_namespace: "shop".into(),
+                    route_name: route.into(),
+                    r#match: Some(pb::RequestMatch {
+                        path: Some(pb::PathMatch {
+                            kind: Some(pb::path_match::Kind::Regex(regex.into())),
+                        }),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }],
+            }],
+            failure_accrual: None,
+        }
+    }
+
+    fn route_name(s: &PolicyState, svc: &str) -> Option<String> {
+        let (ns, name) = svc.split_once('/').unwrap();
+        let routes = s.routes(ns, name)?;
+        Some(routes.port(80)?[0].route_name.clone())
+    }
+
+    #[test]
+    fn services_routes_follow_snapshots_and_deltas_and_keep_the_last_good_ones() {
+        let mut s = PolicyState::new(PortPolicy::default_policy("deny", &[]).unwrap());
+        let refused = s.apply(pb::Update {
+            snapshot: true,
+            services: vec![
+                service("shop/web", "web-v1", "/.*"),
+                service("shop/api", "api", "/.*"),
+            ],
+            ..Default::default()
+        });
+        assert!(refused.is_empty(), "{refused:?}");
+        assert_eq!(route_name(&s, "shop/web").as_deref(), Some("web-v1"));
+        // A delta that does not parse: refused, the Service keeps what it had.
+        let refused = s.apply(pb::Update {
+            services: vec![service("shop/web", "web-v2", "(")],
+            ..Default::default()
+        });
+        assert_eq!(refused.len(), 1);
+        assert!(refused[0].contains("shop/web"), "{refused:?}");
+        assert_eq!(route_name(&s, "shop/web").as_deref(), Some("web-v1"));
+        // A good one replaces it; a removal drops a Service's routes.
+        s.apply(pb::Update {
+            services: vec![service("shop/web", "web-v2", "/.*")],
+            removed_services: vec!["shop/api".into()],
+            ..Default::default()
+        });
+        assert_eq!(route_name(&s, "shop/web").as_deref(), Some("web-v2"));
+        assert_eq!(route_name(&s, "shop/api"), None);
+        // A snapshot replaces them all.
+        s.apply(pb::Update {
+            snapshot: true,
+            services: vec![service("shop/api", "api", "/.*")],
+            ..Default::default()
+        });
+        assert_eq!(route_name(&s, "shop/web"), None);
+        assert_eq!(route_name(&s, "shop/api").as_deref(), Some("api"));
     }
 }

@@ -68,6 +68,8 @@ pub fn error_response(e: &ProxyError) -> Response<Body> {
         ProxyError::Upstream(_) => StatusCode::BAD_GATEWAY,
         ProxyError::Identity(_) => StatusCode::SERVICE_UNAVAILABLE,
         ProxyError::Denied(_) => StatusCode::FORBIDDEN,
+        ProxyError::NoRoute(_) => StatusCode::NOT_FOUND,
+        ProxyError::BadRoute(_) => StatusCode::INTERNAL_SERVER_ERROR,
         ProxyError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
     };
     let mut resp = Response::new(body::text(format!("{e}\n")));
@@ -138,33 +140,55 @@ pub(super) async fn serve_outbound(
 }
 
 async fn outbound_request(
-    req: Request<Incoming>,
+    mut req: Request<Incoming>,
     dst: SocketAddr,
     pod: &PodContext,
     shared: &Shared,
     conn_series: &ConnectionSeries,
 ) -> Response<Body> {
     let start = Instant::now();
-    let resolved = Resolved::now(dst, shared);
-    let (target, pick) = match resolved.pick(shared) {
-        Ok(t) => t,
+    let original = Resolved::now(dst, shared);
+    let dst_service = original.dst_service();
+    let chosen = super::route::route(&req, original, shared).and_then(|routed| {
+        let (target, pick) = routed.resolved.pick(shared)?;
+        Ok((routed.rule, target, pick))
+    });
+    let (rule, target, pick) = match chosen {
+        Ok(c) => c,
         Err(e) => {
-            let series = conn_series.get(&resolved.dst_service(), None);
+            let series = conn_series.get(&dst_service, None);
             series.request();
             return series.response(start.elapsed(), error_response(&e));
         }
     };
-    let series = conn_series.get(&resolved.dst_service(), target.identity.as_ref());
+    let series = conn_series.get(&dst_service, target.identity.as_ref());
     series.request();
-    let result = if super::upgrade::is_upgrade(&req) {
-        super::upgrade::forward(req, target.addr, target.identity.clone(), pod, shared).await
-    } else {
-        match &target.identity {
-            Some(id) => via_mesh(req, target.addr, id.clone(), pod, shared).await,
-            None => direct(req, target.addr, pod).await,
+    if let Some(r) = &rule {
+        r.request_headers.apply(req.headers_mut());
+    }
+    let exchange = async {
+        if super::upgrade::is_upgrade(&req) {
+            super::upgrade::forward(req, target.addr, target.identity.clone(), pod, shared).await
+        } else {
+            match &target.identity {
+                Some(id) => via_mesh(req, target.addr, id.clone(), pod, shared).await,
+                None => direct(req, target.addr, pod).await,
+            }
         }
     };
-    let resp = finish(result, pick);
+    let deadline = rule.as_ref().and_then(|r| r.timeouts.headers());
+    let result = match deadline {
+        None => exchange.await,
+        Some(d) => tokio::time::timeout(d, exchange).await.unwrap_or_else(|_| {
+            Err(ProxyError::Timeout(format!(
+                "no response within the route's timeout of {d:?}"
+            )))
+        }),
+    };
+    let mut resp = finish(result, pick);
+    if let Some(r) = &rule {
+        r.response_headers.apply(resp.headers_mut());
+    }
     series.response(start.elapsed(), resp)
 }
 
@@ -380,6 +404,11 @@ mod tests {
             (ProxyError::Identity("no certificate".into()), 503),
             (ProxyError::Timeout("connecting".into()), 504),
             (ProxyError::Denied("not known".into()), 403),
+            (ProxyError::NoRoute("no rule matches".into()), 404),
+            (
+                ProxyError::BadRoute("every backend has weight 0".into()),
+                500,
+            ),
             (ProxyError::Internal("oops".into()), 500),
         ] {
             let resp = error_response(&e);

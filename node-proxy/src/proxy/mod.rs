@@ -28,6 +28,7 @@ mod metrics;
 mod outbound;
 pub mod redirect;
 mod resolve;
+mod route;
 mod tunnel;
 mod upgrade;
 
@@ -87,6 +88,14 @@ pub enum ProxyError {
     /// Refused by configuration or policy.
     #[error("denied: {0}")]
     Denied(String),
+    /// The destination Service has routes and none matches the request (HTTP 404, as
+    /// Gateway API says).
+    #[error("no route: {0}")]
+    NoRoute(String),
+    /// The matching route cannot send anywhere: every backend has weight 0 (HTTP 500, as
+    /// Gateway API says).
+    #[error("route: {0}")]
+    BadRoute(String),
     /// Our own failure.
     #[error("internal: {0}")]
     Internal(String),
@@ -102,6 +111,8 @@ impl ProxyError {
             ProxyError::Identity(_) => "identity",
             ProxyError::Client(_) => "client",
             ProxyError::Denied(_) => "denied",
+            ProxyError::NoRoute(_) => "no_route",
+            ProxyError::BadRoute(_) => "bad_route",
             ProxyError::Internal(_) => "internal",
         }
     }

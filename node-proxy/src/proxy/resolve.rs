@@ -47,9 +47,24 @@ pub(super) struct Resolved {
 impl Resolved {
     /// Resolves `dst` against what discovery knows.
     pub fn new(dst: SocketAddr, state: &DiscoveryState) -> Self {
-        match state.resolve(dst) {
+        Self::of(dst, state.resolve(dst), state)
+    }
+
+    /// Port `port` of Service `namespace`/`name` (a route's backend); None when discovery
+    /// knows no such Service port.
+    pub fn service(namespace: &str, name: &str, port: u16, state: &DiscoveryState) -> Option<Self> {
+        let dest = state.service(namespace, name, port)?;
+        // A backend has no address of its own: its ClusterIP is never connected to.
+        let dst = SocketAddr::new(std::net::Ipv4Addr::UNSPECIFIED.into(), port);
+        Some(Self::of(dst, dest, state))
+    }
+
+    fn of(dst: SocketAddr, dest: Destination, state: &DiscoveryState) -> Self {
+        match dest {
             Destination::Service {
-                service, endpoints, ..
+                service,
+                port,
+                endpoints,
             } => Self {
                 dst,
                 opaque: endpoints.iter().any(|(addr, _)| {
@@ -60,7 +75,7 @@ impl Resolved {
                 service: Some(ServicePort {
                     namespace: service.namespace.clone(),
                     name: service.name.clone(),
-                    port: dst.port(),
+                    port: port.port,
                 }),
                 targets: endpoints
                     .into_iter()
