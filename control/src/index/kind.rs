@@ -24,11 +24,15 @@ pub enum Kind {
     MeshTlsAuthentication,
     /// policy.ambit.dev/v1alpha1 NetworkAuthentication.
     NetworkAuthentication,
+    /// gateway.networking.k8s.io/v1 HTTPRoute.
+    HttpRoute,
+    /// gateway.networking.k8s.io/v1 GRPCRoute.
+    GrpcRoute,
 }
 
 impl Kind {
     /// Every kind, in the order a backend lists them.
-    pub const ALL: [Kind; 9] = [
+    pub const ALL: [Kind; 11] = [
         Kind::Namespace,
         Kind::Pod,
         Kind::ServiceAccount,
@@ -38,6 +42,8 @@ impl Kind {
         Kind::AuthorizationPolicy,
         Kind::MeshTlsAuthentication,
         Kind::NetworkAuthentication,
+        Kind::HttpRoute,
+        Kind::GrpcRoute,
     ];
 
     /// The kind's name, as in `kind:`.
@@ -52,6 +58,8 @@ impl Kind {
             Kind::AuthorizationPolicy => "AuthorizationPolicy",
             Kind::MeshTlsAuthentication => "MeshTLSAuthentication",
             Kind::NetworkAuthentication => "NetworkAuthentication",
+            Kind::HttpRoute => "HTTPRoute",
+            Kind::GrpcRoute => "GRPCRoute",
         }
     }
 
@@ -60,6 +68,7 @@ impl Kind {
         match self {
             Kind::EndpointSlice => "discovery.k8s.io/v1",
             k if k.is_policy() => super::crd::POLICY_API_VERSION,
+            k if k.is_gateway() => super::gateway::GATEWAY_API_VERSION,
             _ => "v1",
         }
     }
@@ -73,6 +82,12 @@ impl Kind {
                 | Kind::MeshTlsAuthentication
                 | Kind::NetworkAuthentication
         )
+    }
+
+    /// Whether this is one of Gateway API's route kinds (`gateway.networking.k8s.io`),
+    /// whose CRDs a cluster may not have.
+    pub fn is_gateway(self) -> bool {
+        matches!(self, Kind::HttpRoute | Kind::GrpcRoute)
     }
 
     /// Whether objects of this kind live in a namespace.

@@ -7,19 +7,24 @@
 
 mod convert;
 pub mod crd;
+pub mod gateway;
 mod kind;
 mod model;
 pub mod policy;
+pub mod route;
 
 pub use convert::{
-    ConvertError, KubeObject, ObjectRef, NETNS_ANNOTATION, OPAQUE_PORTS_ANNOTATION,
-    SKIP_INBOUND_PORTS_ANNOTATION, SKIP_OUTBOUND_PORTS_ANNOTATION,
+    ConvertError, KubeObject, ObjectRef, FAILURE_ACCRUAL, FA_JITTER_RATIO, FA_MAX_FAILURES,
+    FA_MAX_PENALTY, FA_MIN_PENALTY, NETNS_ANNOTATION, OPAQUE_PORTS_ANNOTATION, RETRY_GRPC,
+    RETRY_HTTP, RETRY_LIMIT, RETRY_TIMEOUT, SKIP_INBOUND_PORTS_ANNOTATION,
+    SKIP_OUTBOUND_PORTS_ANNOTATION, TIMEOUT_IDLE, TIMEOUT_REQUEST, TIMEOUT_RESPONSE,
 };
 pub use kind::Kind;
 pub use model::{EndpointInfo, NamespaceInfo, PodInfo, PortHints, ServiceInfo, ServicePort};
 
 use ambit_api::WorkloadIdentity;
 use policy::{AuthorizationPolicyInfo, MeshTlsInfo, NetworkAuthInfo, ServerInfo};
+use route::{RouteInfo, RouteKind};
 use std::collections::BTreeMap;
 use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard};
 use tokio::sync::watch;
@@ -48,6 +53,8 @@ pub struct ClusterIndex {
     mesh_tls: BTreeMap<(String, String), MeshTlsInfo>,
     /// NetworkAuthentications by (namespace, name).
     network_auth: BTreeMap<(String, String), NetworkAuthInfo>,
+    /// HTTPRoutes and GRPCRoutes by (kind, namespace, name).
+    routes: BTreeMap<(RouteKind, String, String), RouteInfo>,
     /// Whether pods may name their network namespace (`local.ambit.dev/netns`): only
     /// the local backend, whose YAML the operator writes. From an API server, where
     /// anyone who can create a pod sets its annotations, the annotation is ignored.
@@ -152,6 +159,8 @@ impl ClusterIndex {
                 let (key, n) = convert::network_authentication(&n)?;
                 self.network_auth.insert(key, n);
             }
+            KubeObject::HttpRoute(r) => self.insert_route(convert::http_route(&r)?),
+            KubeObject::GrpcRoute(r) => self.insert_route(convert::grpc_route(&r)?),
         }
         Ok(())
     }
@@ -187,6 +196,9 @@ impl ClusterIndex {
             }
             Kind::NetworkAuthentication => {
                 self.network_auth.remove(&key);
+            }
+            Kind::HttpRoute | Kind::GrpcRoute => {
+                self.routes.remove(&route_key(obj.kind, key));
             }
         }
     }
@@ -241,6 +253,11 @@ impl ClusterIndex {
             Kind::AuthorizationPolicy => self.authorization_policies.retain(|k, _| keep(k)),
             Kind::MeshTlsAuthentication => self.mesh_tls.retain(|k, _| keep(k)),
             Kind::NetworkAuthentication => self.network_auth.retain(|k, _| keep(k)),
+            Kind::HttpRoute | Kind::GrpcRoute => {
+                let kind = route_key(kind, Default::default()).0;
+                self.routes
+                    .retain(|(k, ns, n), _| *k != kind || keep(&(ns.clone(), n.clone())));
+            }
         }
         errors
     }
@@ -422,6 +439,16 @@ impl ClusterIndex {
             .get(&(namespace.to_string(), name.to_string()))
     }
 
+    /// Every HTTPRoute and GRPCRoute, by kind, namespace and name.
+    pub fn routes(&self) -> impl Iterator<Item = &RouteInfo> {
+        self.routes.values()
+    }
+
+    fn insert_route(&mut self, r: RouteInfo) {
+        self.routes
+            .insert((r.kind, r.namespace.clone(), r.name.clone()), r);
+    }
+
     /// Forgets which Service the slice `key` belonged to.
     fn unlink_slice(&mut self, key: &(String, String)) {
         let Some((service, _)) = self.endpoint_slices.get(key) else {
@@ -453,6 +480,10 @@ impl ClusterIndex {
             Kind::AuthorizationPolicy => self.authorization_policies.len(),
             Kind::MeshTlsAuthentication => self.mesh_tls.len(),
             Kind::NetworkAuthentication => self.network_auth.len(),
+            Kind::HttpRoute | Kind::GrpcRoute => {
+                let kind = route_key(kind, Default::default()).0;
+                self.routes.keys().filter(|(k, _, _)| *k == kind).count()
+            }
         }
     }
 
@@ -463,6 +494,16 @@ impl ClusterIndex {
             pod: pod.clone(),
         }
     }
+}
+
+/// The routes map's key of an object of a route `kind`.
+fn route_key(kind: Kind, (ns, name): (String, String)) -> (RouteKind, String, String) {
+    let kind = if kind == Kind::GrpcRoute {
+        RouteKind::Grpc
+    } else {
+        RouteKind::Http
+    };
+    (kind, ns, name)
 }
 
 /// The values of `map` whose key's namespace is `namespace`, in name order.

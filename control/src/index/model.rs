@@ -83,7 +83,7 @@ pub struct ServicePort {
 }
 
 /// A Service.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct ServiceInfo {
     /// Namespace.
     pub namespace: String,
@@ -93,6 +93,10 @@ pub struct ServiceInfo {
     pub cluster_ips: Vec<IpAddr>,
     /// spec.ports.
     pub ports: Vec<ServicePort>,
+    /// metadata.creationTimestamp.
+    pub created: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
+    /// The retry, timeout and failure-accrual annotations (checked).
+    pub routing: super::route::RouteAnnotations,
 }
 
 /// One address of an EndpointSlice.

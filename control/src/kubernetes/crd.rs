@@ -1,17 +1,21 @@
-//! The policy kinds as kube-rs resources, so that each is watched as the built-in kinds
-//! are (`Api::<Server>::all`). The types are the index's own (`index::crd`); only the
-//! API's coordinates are said here.
+//! The policy kinds and Gateway API's routes as kube-rs resources, so that each is
+//! watched as the built-in kinds are (`Api::<Server>::all`). The types are the index's own
+//! (`index::crd`, `index::gateway`); only the API's coordinates are said here.
 
 use crate::index::crd::{
     AuthorizationPolicy, MeshTlsAuthentication, NetworkAuthentication, Server, POLICY_GROUP,
     POLICY_VERSION,
 };
+use crate::index::gateway::{GrpcRoute, HttpRoute, GATEWAY_GROUP, GATEWAY_VERSION};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::core::NamespaceResourceScope;
 use std::borrow::Cow;
 
-macro_rules! policy_resource {
+macro_rules! resource {
     ($ty:ty, $kind:literal, $plural:literal) => {
+        resource!($ty, $kind, $plural, POLICY_GROUP, POLICY_VERSION);
+    };
+    ($ty:ty, $kind:literal, $plural:literal, $group:expr, $version:expr) => {
         impl kube::Resource for $ty {
             type DynamicType = ();
             type Scope = NamespaceResourceScope;
@@ -21,11 +25,11 @@ macro_rules! policy_resource {
             }
 
             fn group(_: &()) -> Cow<'_, str> {
-                Cow::Borrowed(POLICY_GROUP)
+                Cow::Borrowed($group)
             }
 
             fn version(_: &()) -> Cow<'_, str> {
-                Cow::Borrowed(POLICY_VERSION)
+                Cow::Borrowed($version)
             }
 
             fn plural(_: &()) -> Cow<'_, str> {
@@ -43,21 +47,36 @@ macro_rules! policy_resource {
     };
 }
 
-policy_resource!(Server, "Server", "servers");
-policy_resource!(
+resource!(Server, "Server", "servers");
+resource!(
     AuthorizationPolicy,
     "AuthorizationPolicy",
     "authorizationpolicies"
 );
-policy_resource!(
+resource!(
     MeshTlsAuthentication,
     "MeshTLSAuthentication",
     "meshtlsauthentications"
 );
-policy_resource!(
+resource!(
     NetworkAuthentication,
     "NetworkAuthentication",
     "networkauthentications"
+);
+
+resource!(
+    HttpRoute,
+    "HTTPRoute",
+    "httproutes",
+    GATEWAY_GROUP,
+    GATEWAY_VERSION
+);
+resource!(
+    GrpcRoute,
+    "GRPCRoute",
+    "grpcroutes",
+    GATEWAY_GROUP,
+    GATEWAY_VERSION
 );
 
 #[cfg(test)]
@@ -75,5 +94,10 @@ mod tests {
         assert_eq!(MeshTlsAuthentication::kind(&()), "MeshTLSAuthentication");
         assert_eq!(AuthorizationPolicy::plural(&()), "authorizationpolicies");
         assert_eq!(NetworkAuthentication::plural(&()), "networkauthentications");
+        assert_eq!(
+            HttpRoute::url_path(&(), Some("shop")),
+            "/apis/gateway.networking.k8s.io/v1/namespaces/shop/httproutes"
+        );
+        assert_eq!(GrpcRoute::kind(&()), "GRPCRoute");
     }
 }

@@ -23,6 +23,7 @@ use crate::config::Config;
 use crate::index::crd::{
     AuthorizationPolicy, MeshTlsAuthentication, NetworkAuthentication, Server,
 };
+use crate::index::gateway::{GrpcRoute, HttpRoute};
 use crate::index::{ClusterIndex, Kind, KubeObject, SharedIndex};
 use crate::ready::Readiness;
 use crate::StartError;
@@ -118,6 +119,18 @@ fn watch_kind(
             Api::<NetworkAuthentication>::all(c),
             kind,
             KubeObject::NetworkAuthentication,
+            cx,
+        )),
+        Kind::HttpRoute => Box::pin(watch(
+            Api::<HttpRoute>::all(c),
+            kind,
+            KubeObject::HttpRoute,
+            cx,
+        )),
+        Kind::GrpcRoute => Box::pin(watch(
+            Api::<GrpcRoute>::all(c),
+            kind,
+            KubeObject::GrpcRoute,
             cx,
         )),
     }

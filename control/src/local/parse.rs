@@ -140,6 +140,11 @@ fn parse_value(
             *skipped += 1;
             return Ok(());
         }
+        Some(k) if k.is_gateway() && !is_gateway_group(&api_version) => {
+            tracing::debug!(%kind, %name, %api_version, "skipping a kind of another API group");
+            *skipped += 1;
+            return Ok(());
+        }
         Some(k) if k.api_version() != api_version => {
             let want = k.api_version();
             return Err(at(
@@ -166,6 +171,8 @@ fn parse_value(
         Kind::NetworkAuthentication => {
             typed(json, at, object.clone()).map(KubeObject::NetworkAuthentication)
         }
+        Kind::HttpRoute => typed(json, at, object.clone()).map(KubeObject::HttpRoute),
+        Kind::GrpcRoute => typed(json, at, object.clone()).map(KubeObject::GrpcRoute),
     }?;
     out.push(LoadedObject {
         file: PathBuf::new(),
@@ -181,6 +188,14 @@ fn parse_value(
 fn is_policy_group(api_version: &str) -> bool {
     let group = api_version.split_once('/').map_or("", |(g, _)| g);
     group == crate::index::crd::POLICY_GROUP || group == "policy.linkerd.io"
+}
+
+/// Whether `api_version` is of Gateway API (any version: `v1beta1` is refused with the
+/// one to use) or of Linkerd's `policy.linkerd.io`, whose HTTPRoutes (`v1beta3`) are
+/// refused the same way rather than skipped.
+fn is_gateway_group(api_version: &str) -> bool {
+    let group = api_version.split_once('/').map_or("", |(g, _)| g);
+    group == crate::index::gateway::GATEWAY_GROUP || group == "policy.linkerd.io"
 }
 
 /// Deserializes `json` as `T`, naming the failing field, then rejects fields `T` does not

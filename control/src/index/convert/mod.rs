@@ -1,11 +1,18 @@
 //! Conversion of Kubernetes objects into the index's domain types, with errors that name
 //! the object and the field.
 
+mod annotations;
 mod endpoint_slice;
 mod namespace;
 mod pod;
 mod policy;
+mod route;
 mod service;
+
+pub use annotations::{
+    FAILURE_ACCRUAL, FA_JITTER_RATIO, FA_MAX_FAILURES, FA_MAX_PENALTY, FA_MIN_PENALTY, RETRY_GRPC,
+    RETRY_HTTP, RETRY_LIMIT, RETRY_TIMEOUT, TIMEOUT_IDLE, TIMEOUT_REQUEST, TIMEOUT_RESPONSE,
+};
 
 pub(super) use endpoint_slice::endpoint_slice;
 pub(super) use namespace::namespace;
@@ -13,9 +20,11 @@ pub(super) use pod::pod;
 pub(super) use policy::{
     authorization_policy, mesh_tls_authentication, network_authentication, server,
 };
+pub(super) use route::{grpc_route, http_route};
 pub(super) use service::service;
 
 use super::crd::{AuthorizationPolicy, MeshTlsAuthentication, NetworkAuthentication, Server};
+use super::gateway::{GrpcRoute, HttpRoute};
 use super::kind::Kind;
 use super::MESH_ANNOTATION;
 use ambit_api::ports::PortSet;
@@ -47,6 +56,10 @@ pub enum KubeObject {
     MeshTlsAuthentication(MeshTlsAuthentication),
     /// policy.ambit.dev/v1alpha1 NetworkAuthentication.
     NetworkAuthentication(NetworkAuthentication),
+    /// gateway.networking.k8s.io/v1 HTTPRoute.
+    HttpRoute(HttpRoute),
+    /// gateway.networking.k8s.io/v1 GRPCRoute.
+    GrpcRoute(GrpcRoute),
 }
 
 /// Kind, namespace and name of an object, for deletes and messages.
@@ -104,6 +117,8 @@ impl KubeObject {
             KubeObject::AuthorizationPolicy(_) => Kind::AuthorizationPolicy,
             KubeObject::MeshTlsAuthentication(_) => Kind::MeshTlsAuthentication,
             KubeObject::NetworkAuthentication(_) => Kind::NetworkAuthentication,
+            KubeObject::HttpRoute(_) => Kind::HttpRoute,
+            KubeObject::GrpcRoute(_) => Kind::GrpcRoute,
         }
     }
 
@@ -119,6 +134,8 @@ impl KubeObject {
             KubeObject::AuthorizationPolicy(o) => &o.metadata,
             KubeObject::MeshTlsAuthentication(o) => &o.metadata,
             KubeObject::NetworkAuthentication(o) => &o.metadata,
+            KubeObject::HttpRoute(o) => &o.metadata,
+            KubeObject::GrpcRoute(o) => &o.metadata,
         }
     }
 
@@ -135,6 +152,8 @@ impl KubeObject {
             KubeObject::AuthorizationPolicy(o) => &mut o.metadata,
             KubeObject::MeshTlsAuthentication(o) => &mut o.metadata,
             KubeObject::NetworkAuthentication(o) => &mut o.metadata,
+            KubeObject::HttpRoute(o) => &mut o.metadata,
+            KubeObject::GrpcRoute(o) => &mut o.metadata,
         };
         meta.namespace.get_or_insert_with(|| ns.to_string());
     }

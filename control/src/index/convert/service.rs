@@ -1,5 +1,6 @@
 //! Service: its cluster IPs and ports.
 
+use super::annotations::{routing_annotations, On};
 use super::{namespaced_name, parse_ip, port, ConvertError};
 use crate::index::model::{ServiceInfo, ServicePort};
 use k8s_openapi::api::core::v1::Service;
@@ -33,7 +34,10 @@ pub(crate) fn service(svc: &Service) -> Result<ServiceInfo, ConvertError> {
             protocol: p.protocol.clone().unwrap_or_else(|| "TCP".to_string()),
         });
     }
+    let routing = routing_annotations(&svc.metadata, &object, On::Service)?;
     Ok(ServiceInfo {
+        created: svc.metadata.creation_timestamp.clone(),
+        routing,
         namespace,
         name,
         cluster_ips,

@@ -109,3 +109,61 @@ async fn a_relist_replaces_the_kind_and_counts_a_restart() {
     );
     assert!(m.contains("kube_objects{kind=\"Pod\"} 1"), "{m}");
 }
+
+/// A 404 from the API server: the kind's CRD is not installed.
+struct NotServed;
+
+impl std::fmt::Display for NotServed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("404 Not Found")
+    }
+}
+
+impl WatchError for NotServed {
+    fn not_served(&self) -> bool {
+        true
+    }
+}
+
+fn route(name: &str) -> KubeObject {
+    let yaml = format!(
+        "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{name: {name}, namespace: shop}}\nspec: {{parentRefs: [{{group: core, kind: Service, name: web}}]}}\n"
+    );
+    let mut skipped = 0;
+    crate::local::parse_file(std::path::Path::new("t.yaml"), &yaml, &mut skipped)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .remove(0)
+        .object
+}
+
+#[tokio::test]
+async fn a_route_kind_without_its_crd_is_empty_and_ready_until_the_crd_comes() {
+    let (cx, registry) = context();
+    let label = pending_label(Kind::HttpRoute);
+    cx.ready.pending(label.clone());
+    cx.index.update(|i| drop(i.apply(route("stale"))));
+    let events: Vec<Result<Event<KubeObject>, NotServed>> = vec![Err(NotServed), Err(NotServed)];
+    follow(futures::stream::iter(events), Kind::HttpRoute, &cx).await;
+    assert_eq!(
+        cx.index.read().count(Kind::HttpRoute),
+        0,
+        "no CRD: no routes"
+    );
+    assert!(
+        cx.ready.check().err().is_none_or(|p| !p.contains(&label)),
+        "a missing optional CRD does not hold /ready"
+    );
+    assert!(metrics(&registry).contains("kube_watch_errors_total{kind=\"HTTPRoute\"} 2"));
+    // The CRD is installed: the retried list brings the routes.
+    let events: Vec<Result<Event<KubeObject>, NotServed>> = vec![
+        Ok(Event::Init),
+        Ok(Event::InitApply(route("web"))),
+        Ok(Event::InitDone),
+    ];
+    follow(futures::stream::iter(events), Kind::HttpRoute, &cx).await;
+    assert_eq!(cx.index.read().count(Kind::HttpRoute), 1);
+    // A built-in kind's 404 is an error like any other: /ready keeps waiting.
+    let events: Vec<Result<Event<KubeObject>, NotServed>> = vec![Err(NotServed)];
+    follow(futures::stream::iter(events), Kind::Pod, &cx).await;
+    assert!(cx.ready.check().is_err());
+}
