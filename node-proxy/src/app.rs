@@ -65,6 +65,7 @@ pub async fn run(
     let pod_metrics = crate::pods::PodMetrics::register(&mut registry);
     let policy_metrics = crate::policy::PolicyMetrics::register(&mut registry);
     let authz_metrics = crate::proxy::authz::AuthzMetrics::register(&mut registry);
+    let route_metrics = crate::proxy::route_metrics::RouteMetrics::register(&mut registry);
     let fd_limit = crate::limits::raise_fd_limit();
     let max_connections = match config.max_connections {
         0 => crate::limits::connections_for(fd_limit),
@@ -199,6 +200,8 @@ pub async fn run(
                 outbound_unknown: config.outbound_unknown,
                 policy: policy_rx.clone(),
                 authz: authz_metrics,
+                routes: route_metrics,
+                budgets: Default::default(),
             },
             cni: pods.subscribe(),
             serving: serving.clone(),

@@ -376,6 +376,7 @@ fn forget_later(
             shared.metrics.forget_pod(&ns, &pod);
             shared.http.forget_pod(&ns, &pod);
             shared.authz.forget_pod(&ns, &pod);
+            shared.routes.forget_pod(&ns, &pod);
         }
     });
 }

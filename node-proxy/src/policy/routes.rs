@@ -402,10 +402,10 @@ impl Timeouts {
         }
     }
 
-    /// How long the response's headers may take: the tightest of the limits that apply
-    /// to one try.
-    pub fn headers(&self) -> Option<Duration> {
-        [self.request, self.backend_request, self.response]
+    /// How long one try may take to its response's headers: the tighter of
+    /// `backend_request` and `response` (`request` bounds all the tries together).
+    pub fn per_try(&self) -> Option<Duration> {
+        [self.backend_request, self.response]
             .into_iter()
             .flatten()
             .min()

@@ -149,34 +149,83 @@ async fn outbound_request(
     let start = Instant::now();
     let original = Resolved::now(dst, shared);
     let dst_service = original.dst_service();
-    let chosen = super::route::route(&req, original, shared).and_then(|routed| {
-        let (target, pick) = routed.resolved.pick(shared)?;
-        Ok((routed.rule, target, pick))
-    });
-    let (rule, target, pick) = match chosen {
-        Ok(c) => c,
-        Err(e) => {
-            let series = conn_series.get(&dst_service, None);
-            series.request();
-            return series.response(start.elapsed(), error_response(&e));
-        }
+    let refused = |e: ProxyError| {
+        let series = conn_series.get(&dst_service, None);
+        series.request();
+        series.response(start.elapsed(), error_response(&e))
     };
-    let series = conn_series.get(&dst_service, target.identity.as_ref());
-    series.request();
+    let rule = match super::route::rule(&req, &original, shared) {
+        Ok(r) => r,
+        Err(e) => return refused(e),
+    };
     if let Some(r) = &rule {
         r.request_headers.apply(req.headers_mut());
     }
-    let exchange = async {
-        if super::upgrade::is_upgrade(&req) {
-            super::upgrade::forward(req, target.addr, target.identity.clone(), pod, shared).await
-        } else {
-            match &target.identity {
-                Some(id) => via_mesh(req, target.addr, id.clone(), pod, shared).await,
-                None => direct(req, target.addr, pod).await,
-            }
+    if super::upgrade::is_upgrade(&req) {
+        // An upgrade is never retried: one endpoint, and the connection becomes a stream.
+        let picked = super::route::backend(rule.as_deref(), &original, shared)
+            .and_then(|(_, resolved)| resolved.pick(shared));
+        let (target, pick) = match picked {
+            Ok(p) => p,
+            Err(e) => return refused(e),
+        };
+        let series = conn_series.get(&dst_service, target.identity.as_ref());
+        series.request();
+        let result =
+            super::upgrade::forward(req, target.addr, target.identity.clone(), pod, shared).await;
+        return series.response(start.elapsed(), finish(result, pick));
+    }
+    let (parts, body) = req.into_parts();
+    let body = body::incoming(body);
+    let Some(rule) = rule else {
+        let req = Request::from_parts(parts, body);
+        return try_once(req, &original, None, pod, shared, conn_series, &dst_service)
+            .await
+            .0;
+    };
+    let trying = super::route::Trying {
+        rule,
+        original: &original,
+        dst_service: &dst_service,
+        pod,
+        shared,
+        conn_series,
+    };
+    trying.serve(parts, body).await
+}
+
+/// One try of a request: to an endpoint of `resolved` chosen by the balancer, within
+/// `deadline` (to the response's headers), counted in the golden metrics. Also returns
+/// the proxy's error kind when no response came from upstream.
+pub(super) async fn try_once(
+    req: Request<Body>,
+    resolved: &Resolved,
+    deadline: Option<Duration>,
+    pod: &PodContext,
+    shared: &Shared,
+    conn_series: &ConnectionSeries,
+    dst_service: &str,
+) -> (Response<Body>, Option<&'static str>) {
+    let start = Instant::now();
+    let (target, pick) = match resolved.pick(shared) {
+        Ok(p) => p,
+        Err(e) => {
+            let series = conn_series.get(dst_service, None);
+            series.request();
+            return (
+                series.response(start.elapsed(), error_response(&e)),
+                Some(e.kind()),
+            );
         }
     };
-    let deadline = rule.as_ref().and_then(|r| r.timeouts.headers());
+    let series = conn_series.get(dst_service, target.identity.as_ref());
+    series.request();
+    let exchange = async {
+        match &target.identity {
+            Some(id) => via_mesh(req, target.addr, id.clone(), pod, shared).await,
+            None => deliver_as_sent(req, target.addr, pod).await,
+        }
+    };
     let result = match deadline {
         None => exchange.await,
         Some(d) => tokio::time::timeout(d, exchange).await.unwrap_or_else(|_| {
@@ -185,11 +234,11 @@ async fn outbound_request(
             )))
         }),
     };
-    let mut resp = finish(result, pick);
-    if let Some(r) = &rule {
-        r.response_headers.apply(resp.headers_mut());
-    }
-    series.response(start.elapsed(), resp)
+    let error = result.as_ref().err().map(ProxyError::kind);
+    (
+        series.response(start.elapsed(), finish(result, pick)),
+        error,
+    )
 }
 
 fn finish(result: Result<Response<Body>, ProxyError>, pick: Option<Pick>) -> Response<Body> {
@@ -201,7 +250,7 @@ fn finish(result: Result<Response<Body>, ProxyError>, pick: Option<Pick>) -> Res
 }
 
 /// The request's authority: from an absolute URI (HTTP/2, proxies) or the Host header.
-fn authority(req: &Request<Incoming>, fallback: SocketAddr) -> String {
+fn authority<B>(req: &Request<B>, fallback: SocketAddr) -> String {
     req.uri()
         .authority()
         .map(|a| a.to_string())
@@ -219,7 +268,7 @@ fn path_and_query(uri: &Uri) -> &str {
 }
 
 async fn via_mesh(
-    req: Request<Incoming>,
+    req: Request<Body>,
     target: SocketAddr,
     expected: WorkloadIdentity,
     pod: &PodContext,
@@ -246,7 +295,7 @@ async fn via_mesh(
         .pool
         .send(
             &tunnel,
-            Request::from_parts(parts, body::incoming(body)),
+            Request::from_parts(parts, body),
             "request through the tunnel to",
             &target,
         )
@@ -278,13 +327,13 @@ fn insert(h: &mut HeaderMap, name: &'static str, value: &str) {
 }
 
 /// Sends `req` from the pod's netns to `target` in the application's protocol.
-async fn direct(
-    req: Request<Incoming>,
+async fn deliver_as_sent(
+    req: Request<Body>,
     target: SocketAddr,
     pod: &PodContext,
 ) -> Result<Response<Body>, ProxyError> {
     let http2 = req.version() == Version::HTTP_2;
-    deliver(req.map(body::incoming), target, http2, pod).await
+    deliver(req, target, http2, pod).await
 }
 
 /// Sends `req` to `target` from the pod's netns, as HTTP/2 or HTTP/1.1.

@@ -28,7 +28,9 @@ mod metrics;
 mod outbound;
 pub mod redirect;
 mod resolve;
+mod retry;
 mod route;
+pub mod route_metrics;
 mod tunnel;
 mod upgrade;
 
@@ -151,6 +153,10 @@ pub struct Shared {
     pub policy: watch::Receiver<Arc<crate::policy::PolicyState>>,
     /// Authorization decisions.
     pub authz: authz::AuthzMetrics,
+    /// Route metrics (`outbound_{http,grpc}_route_*`).
+    pub routes: route_metrics::RouteMetrics,
+    /// Each route's retry budget.
+    pub budgets: retry::Budgets,
 }
 
 /// What happens to a pod's connection to an address discovery does not know (not a

@@ -1,84 +1,189 @@
 //! Outbound routing of one HTTP request to a Service with routes (HTTPRoute, GRPCRoute,
-//! or the Service's own annotations): the first rule that matches, then one of its
-//! backends by weight. A Service without routes is served as before: every request to its
-//! endpoints.
+//! or the Service's own annotations): the first rule that matches, then for each try one
+//! of its backends by weight and an endpoint by the balancer; the rule's timeouts,
+//! retries within the route's budget, header modifiers and route metrics. A Service
+//! without routes is served as before: every request, once, to its endpoints.
 
-use super::resolve::Resolved;
-use super::{ProxyError, Shared};
-use crate::policy::routes::{select, RequestParts, Rule};
+use super::body::{self, Body};
+use super::http::{error_response, try_once};
+use super::http_metrics::ConnectionSeries;
+use super::resolve::{Resolved, ServicePort};
+use super::retry::{backoff, retryable, Replay};
+use super::route_metrics::{NotRetried, RouteLabels};
+use super::{PodContext, ProxyError, Shared};
+use crate::policy::routes::{select, Backend, RequestParts, Rule};
+use http::request::Parts;
+use http::{Request, Response};
 use std::sync::Arc;
 
-/// Where a request goes: the rule that matched it (None: the Service has no routes, or
-/// the destination is not a Service) and the destination it resolved to — the Service
-/// itself, or the backend the rule chose.
-pub(super) struct Routed {
-    pub rule: Option<Arc<Rule>>,
-    pub resolved: Resolved,
-}
-
-/// Routes a request for `resolved` (its original destination).
-pub(super) fn route<B>(
-    req: &http::Request<B>,
-    resolved: Resolved,
+/// The rule of `original`'s Service port that matches `req`: None when the destination is
+/// not a Service or its port has no routes; an error (404) when it has and none matches.
+pub(super) fn rule<B>(
+    req: &Request<B>,
+    original: &Resolved,
     shared: &Shared,
-) -> Result<Routed, ProxyError> {
-    let Some(svc) = resolved.service.clone() else {
-        return Ok(Routed {
-            rule: None,
-            resolved,
-        });
+) -> Result<Option<Arc<Rule>>, ProxyError> {
+    let Some(svc) = &original.service else {
+        return Ok(None);
     };
     let routes = shared.policy.borrow().routes(&svc.namespace, &svc.name);
     let Some(rules) = routes.as_ref().and_then(|r| r.port(svc.port)) else {
-        return Ok(Routed {
-            rule: None,
-            resolved,
-        });
+        return Ok(None);
     };
-    let rule = select(rules, &RequestParts::of(req))
-        .ok_or_else(|| {
-            ProxyError::NoRoute(format!(
-                "no route of Service {}/{} port {} matches {} {}",
-                svc.namespace,
-                svc.name,
-                svc.port,
-                req.method(),
-                req.uri().path()
-            ))
-        })?
-        .clone();
+    let rule = select(rules, &RequestParts::of(req)).ok_or_else(|| {
+        ProxyError::NoRoute(format!(
+            "no route of Service {}/{} port {} matches {} {}",
+            svc.namespace,
+            svc.name,
+            svc.port,
+            req.method(),
+            req.uri().path()
+        ))
+    })?;
+    Ok(Some(rule.clone()))
+}
+
+/// Where one try goes: a backend of `rule` by weight (None: the parent Service,
+/// `original`), resolved to its endpoints.
+pub(super) fn backend(
+    rule: Option<&Rule>,
+    original: &Resolved,
+    shared: &Shared,
+) -> Result<(Option<Backend>, Resolved), ProxyError> {
+    let Some(rule) = rule else {
+        return Ok((None, original.clone()));
+    };
     if rule.has_no_usable_backend() {
         return Err(ProxyError::BadRoute(format!(
             "every backend of {} {}/{} has weight 0",
             rule.route_kind, rule.route_namespace, rule.route_name
         )));
     }
-    let Some(backend) = rule.backend(fastrand::f64()) else {
-        // No backends: the parent Service.
-        return Ok(Routed {
-            rule: Some(rule),
-            resolved,
-        });
+    let Some(b) = rule.backend(fastrand::f64()) else {
+        return Ok((None, original.clone()));
     };
-    let resolved = Resolved::service(
-        &backend.namespace,
-        &backend.name,
-        backend.port,
-        &shared.state.borrow(),
-    )
-    .ok_or_else(|| {
-        ProxyError::Unavailable(format!(
-            "backend Service {}/{} port {} of {} {}/{} does not exist",
-            backend.namespace,
-            backend.name,
-            backend.port,
-            rule.route_kind,
-            rule.route_namespace,
-            rule.route_name
-        ))
-    })?;
-    Ok(Routed {
-        rule: Some(rule),
-        resolved,
-    })
+    let resolved = Resolved::service(&b.namespace, &b.name, b.port, &shared.state.borrow())
+        .ok_or_else(|| {
+            ProxyError::Unavailable(format!(
+                "backend Service {}/{} port {} of {} {}/{} does not exist",
+                b.namespace, b.name, b.port, rule.route_kind, rule.route_namespace, rule.route_name
+            ))
+        })?;
+    Ok((Some(b.clone()), resolved))
+}
+
+/// A request on its way through a route.
+pub(super) struct Trying<'a> {
+    pub rule: Arc<Rule>,
+    pub original: &'a Resolved,
+    pub dst_service: &'a str,
+    pub pod: &'a PodContext,
+    pub shared: &'a Shared,
+    pub conn_series: &'a ConnectionSeries,
+}
+
+impl Trying<'_> {
+    /// Sends the request (its request header modifier already applied) as the rule says
+    /// and returns the response to give the application.
+    pub async fn serve(self, parts: Parts, body: Body) -> Response<Body> {
+        let Some(parent) = self.original.service.clone() else {
+            // Only a Service has routes.
+            return error_response(&ProxyError::Internal("a route without a Service".into()));
+        };
+        let rule = self.rule.clone();
+        let metrics = self.shared.routes.request(
+            RouteLabels::new(&self.pod.workload, &parent, &rule),
+            rule.grpc,
+        );
+        let tries = self.tries(&parent, &metrics, parts, body);
+        let (mut resp, error, retried) = match rule.timeouts.request {
+            None => tries.await,
+            Some(d) => tokio::time::timeout(d, tries).await.unwrap_or_else(|_| {
+                let e = ProxyError::Timeout(format!(
+                    "the request did not complete within the route's timeout of {d:?}"
+                ));
+                (error_response(&e), Some(e.kind()), false)
+            }),
+        };
+        rule.response_headers.apply(resp.headers_mut());
+        metrics.finish(resp, error, retried)
+    }
+
+    /// Each try in turn, until one is not retried: the response, the error kind when no
+    /// upstream response came, and whether it came from a retry.
+    async fn tries(
+        &self,
+        parent: &ServicePort,
+        metrics: &super::route_metrics::RouteRequest,
+        parts: Parts,
+        body: Body,
+    ) -> (Response<Body>, Option<&'static str>, bool) {
+        let rule = &self.rule;
+        let retry = rule.retry.as_ref().filter(|r| r.limit > 0);
+        let budget = retry.map(|_| self.shared.budgets.get(parent, rule));
+        let (body, replay) = match retry {
+            Some(_) => {
+                let (b, r) = Replay::record(body);
+                (b, Some(r))
+            }
+            None => (body, None),
+        };
+        if let Some(b) = &budget {
+            b.deposit();
+        }
+        let mut body = Some(body);
+        let mut n = 0u32;
+        loop {
+            let (backend, resolved) = match backend(Some(rule), self.original, self.shared) {
+                Ok(b) => b,
+                Err(e) => return (error_response(&e), Some(e.kind()), n > 0),
+            };
+            metrics.backend(backend.as_ref(), parent);
+            let req = Request::from_parts(copy(&parts), body.take().unwrap_or_else(body::empty));
+            let (resp, error) = try_once(
+                req,
+                &resolved,
+                rule.timeouts.per_try(),
+                self.pod,
+                self.shared,
+                self.conn_series,
+                self.dst_service,
+            )
+            .await;
+            let (Some(retry), Some(replay), Some(budget)) = (retry, &replay, &budget) else {
+                return (resp, error, false);
+            };
+            if !retryable(retry, resp.status(), resp.headers()) {
+                return (resp, error, n > 0);
+            }
+            if n >= retry.limit {
+                metrics.not_retried(NotRetried::Limit);
+                return (resp, error, n > 0);
+            }
+            let Ok(again) = replay.replay() else {
+                metrics.not_retried(NotRetried::Overflow);
+                return (resp, error, n > 0);
+            };
+            if !budget.withdraw() {
+                metrics.not_retried(NotRetried::Budget);
+                return (resp, error, n > 0);
+            }
+            drop(resp);
+            n += 1;
+            tokio::time::sleep(backoff(retry.backoff, n, fastrand::f64())).await;
+            metrics.retry();
+            body = Some(again);
+        }
+    }
+}
+
+/// The request's head again, for another try (extensions are not carried: nothing in a
+/// retried request needs them).
+fn copy(p: &Parts) -> Parts {
+    let mut r = Request::new(());
+    *r.method_mut() = p.method.clone();
+    *r.uri_mut() = p.uri.clone();
+    *r.version_mut() = p.version;
+    *r.headers_mut() = p.headers.clone();
+    r.into_parts().0
 }

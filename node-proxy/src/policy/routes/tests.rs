@@ -295,14 +295,19 @@ fn anything_that_does_not_parse_refuses_the_whole_service_with_where() {
 }
 
 #[test]
-fn the_headers_deadline_is_the_tightest_limit_of_a_try() {
+fn a_try_is_bounded_by_the_tighter_of_its_limits_and_zero_is_none() {
     let t = Timeouts::from_pb(&pb::Timeouts {
         request_ms: 5000,
         backend_request_ms: 1000,
-        response_ms: 0,
-        idle_ms: 300,
+        response_ms: 800,
+        idle_ms: 0,
     });
-    assert_eq!(t.headers(), Some(Duration::from_secs(1)));
-    assert_eq!(t.idle, Some(Duration::from_millis(300)));
-    assert_eq!(Timeouts::default().headers(), None);
+    assert_eq!(t.per_try(), Some(Duration::from_millis(800)));
+    assert_eq!(t.request, Some(Duration::from_secs(5)));
+    assert_eq!(t.idle, None);
+    let t = Timeouts::from_pb(&pb::Timeouts {
+        request_ms: 5000,
+        ..Default::default()
+    });
+    assert_eq!(t.per_try(), None);
 }

@@ -1,0 +1,406 @@
+//! Route metrics, with Linkerd's names: per HTTPRoute or GRPCRoute rule (and the default
+//! rule of a Service's annotations), the requests' duration and statuses, the backends
+//! chosen, and what retries did — `outbound_http_route_*` and `outbound_grpc_route_*`.
+//! Labels: the client pod (`namespace`, `pod`, `workload`), `parent_*` (the Service),
+//! `route_*` (the route).
+
+use super::body::{Body, BoxError};
+use super::classify::GrpcCode;
+use crate::discovery::Workload;
+use crate::policy::routes::{Backend, Rule};
+use bytes::Bytes;
+use http_body::{Frame, SizeHint};
+use http_body_util::BodyExt;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+/// Request duration buckets in seconds, as Linkerd's route metrics.
+const BUCKETS: [f64; 10] = [0.05, 0.5, 1.0, 10.0, 0.005, 0.01, 0.025, 0.1, 0.25, 2.5];
+
+/// A route of a client pod.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RouteLabels {
+    pub namespace: String,
+    pub pod: String,
+    pub workload: String,
+    pub parent_namespace: String,
+    pub parent_name: String,
+    pub parent_port: String,
+    pub route_kind: String,
+    pub route_namespace: String,
+    pub route_name: String,
+}
+
+impl RouteLabels {
+    /// The labels of `rule` of Service port `parent` for requests from `w`.
+    pub(super) fn new(w: &Workload, parent: &super::resolve::ServicePort, rule: &Rule) -> Self {
+        Self {
+            namespace: w.namespace.clone(),
+            pod: w.name.clone(),
+            workload: w.workload.clone(),
+            parent_namespace: parent.namespace.clone(),
+            parent_name: parent.name.clone(),
+            parent_port: parent.port.to_string(),
+            route_kind: rule.route_kind.clone(),
+            route_namespace: rule.route_namespace.clone(),
+            route_name: rule.route_name.clone(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StatusLabels {
+    #[prometheus(flatten)]
+    route: RouteLabels,
+    /// The HTTP status (HTTP routes) or the gRPC status (gRPC routes); empty when no
+    /// response came.
+    status: String,
+    /// Why no response came: the proxy's error kind; empty otherwise.
+    error: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BackendLabels {
+    #[prometheus(flatten)]
+    route: RouteLabels,
+    backend_namespace: String,
+    backend_name: String,
+    backend_port: String,
+}
+
+type Durations = Family<RouteLabels, Histogram, fn() -> Histogram>;
+
+fn duration_histogram() -> Histogram {
+    let mut b = BUCKETS;
+    b.sort_by(f64::total_cmp);
+    Histogram::new(b)
+}
+
+/// One protocol's families (HTTP or gRPC).
+#[derive(Clone, Debug)]
+struct Families {
+    durations: Durations,
+    statuses: Family<StatusLabels, Counter>,
+    backends: Family<BackendLabels, Counter>,
+    retry_requests: Family<RouteLabels, Counter>,
+    retry_successes: Family<RouteLabels, Counter>,
+    retry_limit_exceeded: Family<RouteLabels, Counter>,
+    retry_overflow: Family<RouteLabels, Counter>,
+    retry_budget_exhausted: Family<RouteLabels, Counter>,
+}
+
+impl Families {
+    fn register(registry: &mut Registry, proto: &str, status: &str) -> Self {
+        let f = Self {
+            durations: Family::new_with_constructor(duration_histogram as fn() -> Histogram),
+            statuses: Family::default(),
+            backends: Family::default(),
+            retry_requests: Family::default(),
+            retry_successes: Family::default(),
+            retry_limit_exceeded: Family::default(),
+            retry_overflow: Family::default(),
+            retry_budget_exhausted: Family::default(),
+        };
+        let p = format!("outbound_{proto}_route");
+        registry.register(
+            format!("{p}_request_duration_seconds"),
+            "Time from a route's request to its response's end, retries included",
+            f.durations.clone(),
+        );
+        registry.register(
+            format!("{p}_request_statuses"),
+            format!("A route's requests by {status}, or by the error that ended them"),
+            f.statuses.clone(),
+        );
+        registry.register(
+            format!("{p}_backend_requests"),
+            "Tries sent to each backend of a route",
+            f.backends.clone(),
+        );
+        for (name, help, family) in [
+            ("retry_requests", "Retries sent", &f.retry_requests),
+            (
+                "retry_successes",
+                "Requests that succeeded on a retry",
+                &f.retry_successes,
+            ),
+            (
+                "retry_limit_exceeded",
+                "Retryable failures returned because the retry limit was reached",
+                &f.retry_limit_exceeded,
+            ),
+            (
+                "retry_overflow",
+                "Retryable failures returned because the request body could not be sent again (over 64 KiB, or still streaming)",
+                &f.retry_overflow,
+            ),
+            (
+                "retry_budget_exhausted",
+                "Retryable failures returned because the retry budget was spent",
+                &f.retry_budget_exhausted,
+            ),
+        ] {
+            registry.register(format!("{p}_{name}"), help, family.clone());
+        }
+        f
+    }
+
+    fn remove(&self, l: &RouteLabels) {
+        self.durations.remove(l);
+        for f in [
+            &self.retry_requests,
+            &self.retry_successes,
+            &self.retry_limit_exceeded,
+            &self.retry_overflow,
+            &self.retry_budget_exhausted,
+        ] {
+            f.remove(l);
+        }
+    }
+}
+
+/// Why a retryable failure was returned without another try.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NotRetried {
+    Limit,
+    Overflow,
+    Budget,
+}
+
+/// The route metrics.
+#[derive(Clone, Debug)]
+pub struct RouteMetrics {
+    http: Families,
+    grpc: Families,
+    routes: super::metrics::SeriesTracker<RouteLabels>,
+    statuses: super::metrics::SeriesTracker<StatusLabels>,
+    backends: super::metrics::SeriesTracker<BackendLabels>,
+}
+
+impl RouteMetrics {
+    /// Creates the metrics and registers them.
+    pub fn register(registry: &mut Registry) -> Self {
+        Self {
+            http: Families::register(registry, "http", "HTTP status"),
+            grpc: Families::register(registry, "grpc", "gRPC status"),
+            routes: Default::default(),
+            statuses: Default::default(),
+            backends: Default::default(),
+        }
+    }
+
+    /// Drops every series of a pod that left the node.
+    pub fn forget_pod(&self, namespace: &str, pod: &str) {
+        for l in self.routes.take(namespace, pod) {
+            self.http.remove(&l);
+            self.grpc.remove(&l);
+        }
+        for l in self.statuses.take(namespace, pod) {
+            self.http.statuses.remove(&l);
+            self.grpc.statuses.remove(&l);
+        }
+        for l in self.backends.take(namespace, pod) {
+            self.http.backends.remove(&l);
+            self.grpc.backends.remove(&l);
+        }
+    }
+
+    /// The handle of one request on a route.
+    pub fn request(&self, labels: RouteLabels, grpc: bool) -> RouteRequest {
+        self.routes.track(&labels.namespace, &labels.pod, &labels);
+        RouteRequest {
+            metrics: self.clone(),
+            labels,
+            grpc,
+            start: tokio::time::Instant::now(),
+        }
+    }
+}
+
+/// One request on a route, counted as it goes.
+#[derive(Clone, Debug)]
+pub struct RouteRequest {
+    metrics: RouteMetrics,
+    labels: RouteLabels,
+    grpc: bool,
+    start: tokio::time::Instant,
+}
+
+impl RouteRequest {
+    fn families(&self) -> &Families {
+        if self.grpc {
+            &self.metrics.grpc
+        } else {
+            &self.metrics.http
+        }
+    }
+
+    /// A try goes to `backend` (None: the parent Service).
+    pub(super) fn backend(&self, backend: Option<&Backend>, parent: &super::resolve::ServicePort) {
+        let (namespace, name, port) = match backend {
+            Some(b) => (&b.namespace, &b.name, b.port),
+            None => (&parent.namespace, &parent.name, parent.port),
+        };
+        let l = BackendLabels {
+            route: self.labels.clone(),
+            backend_namespace: namespace.clone(),
+            backend_name: name.clone(),
+            backend_port: port.to_string(),
+        };
+        self.metrics
+            .backends
+            .track(&l.route.namespace, &l.route.pod, &l);
+        self.families().backends.get_or_create(&l).inc();
+    }
+
+    /// A retry is sent.
+    pub fn retry(&self) {
+        self.families()
+            .retry_requests
+            .get_or_create(&self.labels)
+            .inc();
+    }
+
+    /// A retryable failure is returned without another try.
+    pub fn not_retried(&self, why: NotRetried) {
+        let f = self.families();
+        match why {
+            NotRetried::Limit => &f.retry_limit_exceeded,
+            NotRetried::Overflow => &f.retry_overflow,
+            NotRetried::Budget => &f.retry_budget_exhausted,
+        }
+        .get_or_create(&self.labels)
+        .inc();
+    }
+
+    /// The request failed without a response (`error`, the proxy's error kind) or got
+    /// `resp`, `retried` when a retry made it. The response's body is wrapped so that the
+    /// request is counted when it ends, with the gRPC status of its trailers.
+    pub fn finish(
+        self,
+        resp: http::Response<Body>,
+        error: Option<&'static str>,
+        retried: bool,
+    ) -> http::Response<Body> {
+        let grpc = GrpcCode::of(resp.headers());
+        let status = resp.status();
+        let (parts, body) = resp.into_parts();
+        let end = End {
+            request: self,
+            status,
+            grpc,
+            error,
+            retried,
+        };
+        http::Response::from_parts(
+            parts,
+            Ended {
+                inner: body,
+                end: Some(end),
+            }
+            .boxed(),
+        )
+    }
+}
+
+struct End {
+    request: RouteRequest,
+    status: http::StatusCode,
+    grpc: Option<GrpcCode>,
+    error: Option<&'static str>,
+    retried: bool,
+}
+
+impl End {
+    fn record(self, elapsed: Duration) {
+        let r = &self.request;
+        let f = r.families();
+        f.durations
+            .get_or_create(&r.labels)
+            .observe(elapsed.as_secs_f64());
+        let status = match (self.error, r.grpc) {
+            (Some(_), _) => String::new(),
+            (None, true) => self.grpc.map(GrpcCode::label).unwrap_or_default(),
+            (None, false) => self.status.as_u16().to_string(),
+        };
+        let success = super::classify::classify(self.status, self.grpc)
+            == super::classify::Class::Success
+            && self.error.is_none();
+        if self.retried && success {
+            f.retry_successes.get_or_create(&r.labels).inc();
+        }
+        let l = StatusLabels {
+            route: r.labels.clone(),
+            status,
+            error: self.error.unwrap_or_default().to_string(),
+        };
+        r.metrics
+            .statuses
+            .track(&l.route.namespace, &l.route.pod, &l);
+        f.statuses.get_or_create(&l).inc();
+    }
+}
+
+/// A response body that records its request when it ends (or is dropped).
+struct Ended {
+    inner: Body,
+    end: Option<End>,
+}
+
+impl http_body::Body for Ended {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        match &polled {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let (Some(e), Some(g)) = (
+                    self.end.as_mut(),
+                    frame.trailers_ref().and_then(GrpcCode::of),
+                ) {
+                    e.grpc = Some(g);
+                }
+            }
+            Poll::Ready(Some(Err(_))) => {
+                if let Some(e) = self.end.as_mut() {
+                    e.error = Some("stream");
+                }
+            }
+            Poll::Ready(None) => {
+                if let Some(e) = self.end.take() {
+                    let elapsed = e.request.start.elapsed();
+                    e.record(elapsed);
+                }
+            }
+            Poll::Pending => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl Drop for Ended {
+    fn drop(&mut self) {
+        if let Some(e) = self.end.take() {
+            let elapsed = e.request.start.elapsed();
+            e.record(elapsed);
+        }
+    }
+}
