@@ -13,6 +13,9 @@ pub struct PolicyMetrics {
     pub(super) renders: Counter,
     pub(super) unresolved: Gauge,
     pub(super) conflicts: Gauge,
+    pub(super) route_renders: Counter,
+    pub(super) routes_unsupported: Gauge,
+    pub(super) routed_services: Gauge,
 }
 
 impl PolicyMetrics {
@@ -44,6 +47,21 @@ impl PolicyMetrics {
             "policy_server_conflicts",
             "Servers that select a pod port an older Server selects too (the older applies)",
             m.conflicts.clone(),
+        );
+        registry.register(
+            "policy_route_renders",
+            "Renderings of every Service's routes (one per index change, shared by every stream)",
+            m.route_renders.clone(),
+        );
+        registry.register(
+            "policy_routes_unsupported",
+            "Route parents left out (consumer routes, missing Services or ports, HTTPRoutes under a GRPCRoute)",
+            m.routes_unsupported.clone(),
+        );
+        registry.register(
+            "policy_routed_services",
+            "Services with routes or routing annotations, sent to every node",
+            m.routed_services.clone(),
         );
         m
     }

@@ -9,14 +9,17 @@
 //!
 //! - `render`: the index and the defaults → each pod's `PodPolicy` (a pure function).
 //! - `authz`: AuthorizationPolicies and their authentications → `Authorization`s.
+//! - `routes`: the index → every Service's `ServiceRoutes` (outbound; every node gets
+//!   all of them).
 //! - `publish`: one rendering per change for every stream, each node's share on its own
-//!   channel.
+//!   channel, the routes on one channel all streams share.
 //! - `update`: deltas and chunks.
 
 mod authz;
 mod metrics;
 mod publish;
 mod render;
+mod routes;
 mod update;
 
 pub use metrics::PolicyMetrics;
@@ -24,7 +27,8 @@ pub use publish::PolicyPublisher;
 pub use render::{
     policy_problems, render, render_nodes, Defaults, NodePolicies, Problems, Rendered,
 };
-pub use update::{chunks, delta_chunks, diff, snapshot_chunks};
+pub use routes::{render_routes, RenderedRoutes, RouteProblems, ServiceRoutesMap};
+pub use update::{chunks, delta_chunks, diff, diff_services, snapshot_chunks, split};
 
 use crate::auth::NodeAuth;
 use crate::discovery::Publisher;
@@ -144,18 +148,27 @@ impl InboundPolicy for PolicyService {
 }
 
 impl PolicyService {
-    /// A snapshot, then a delta per change of the node's pods, until the client goes away.
+    /// A snapshot, then a delta per change of the node's pods or of any Service's routes,
+    /// until the client goes away.
     async fn stream(&self, node: &str, tx: &mpsc::Sender<Result<Update, Status>>) {
         let mut channel = self.publisher.subscribe(node);
-        // The node's first rendering (once the backend has loaded everything).
+        let mut routes = self.publisher.subscribe_routes();
+        // The node's first rendering and the routes' (once the backend has loaded
+        // everything).
         let first = tokio::select! {
-            first = channel.wait_for(Option::is_some) => first.ok().and_then(|p| p.clone()),
+            first = async {
+                let pods = channel.wait_for(Option::is_some).await.ok().and_then(|p| p.clone());
+                let services = routes.wait_for(Option::is_some).await.ok().and_then(|s| s.clone());
+                pods.zip(services)
+            } => first,
             _ = tx.closed() => return,
         };
-        let Some(mut current) = first else { return };
-        tracing::info!(%node, pods = current.len(), "policy stream opened");
+        let Some((mut current, mut services)) = first else {
+            return;
+        };
+        tracing::info!(%node, pods = current.len(), services = services.len(), "policy stream opened");
         if !self
-            .send(tx, snapshot_chunks(&current, CHUNK, CHUNK_BYTES))
+            .send(tx, snapshot_chunks(&current, &services, CHUNK, CHUNK_BYTES))
             .await
         {
             return;
@@ -163,14 +176,22 @@ impl PolicyService {
         loop {
             tokio::select! {
                 changed = channel.changed() => if changed.is_err() { return },
+                changed = routes.changed() => if changed.is_err() { return },
                 _ = tx.closed() => return,
             }
-            let Some(next) = channel.borrow_and_update().clone() else {
-                continue;
-            };
-            let delta = diff(&current, &next);
-            current = next;
-            if delta.pods.is_empty() && delta.removed_pods.is_empty() {
+            let mut delta = Update::default();
+            if let Some(next) = channel.borrow_and_update().clone() {
+                delta = diff(&current, &next);
+                current = next;
+            }
+            if let Some(next) = routes.borrow_and_update().clone() {
+                // The whole map is shared: the same Arc means nothing changed.
+                if !std::sync::Arc::ptr_eq(&services, &next) {
+                    diff_services(&services, &next, &mut delta);
+                    services = next;
+                }
+            }
+            if update::is_empty(&delta) {
                 continue;
             }
             if !self.send(tx, delta_chunks(delta, CHUNK, CHUNK_BYTES)).await {

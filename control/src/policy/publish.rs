@@ -7,9 +7,15 @@
 //! sends each node's pods on its channel only when they changed, so a change wakes only
 //! the streams of the nodes it touches, each of which diffs its own node's pods against
 //! what it sent. A stream for a node not rendered yet asks for it and waits.
+//!
+//! Routes are not per node: every Service's are rendered once per change, into one
+//! channel every stream shares (a Service whose rendering did not change keeps its
+//! `Arc`, and the map is only sent when one did), so their cost does not grow with the
+//! number of streams either.
 
 use super::metrics::PolicyMetrics;
 use super::render::{policy_problems, render_nodes, Defaults, NodePolicies, Problems};
+use super::routes::{render_routes, RouteProblems, ServiceRoutesMap};
 use crate::discovery::Publisher;
 use crate::index::SharedIndex;
 use std::collections::{HashMap, HashSet};
@@ -19,6 +25,9 @@ use tokio::sync::{watch, Notify};
 
 /// A node's pods as last rendered; `None` until the node's first rendering.
 pub type NodeChannel = watch::Receiver<Option<Arc<NodePolicies>>>;
+
+/// Every Service's routes as last rendered; `None` until the first rendering.
+pub type RoutesChannel = watch::Receiver<Option<Arc<ServiceRoutesMap>>>;
 
 /// Node → the sending side of its [`NodeChannel`].
 type Channels = HashMap<String, watch::Sender<Option<Arc<NodePolicies>>>>;
@@ -33,6 +42,10 @@ pub struct PolicyPublisher {
     metrics: PolicyMetrics,
     /// What was reported as left out last time (to log each problem once).
     reported: Arc<Mutex<Problems>>,
+    /// Every Service's routes, for every stream.
+    routes: Arc<watch::Sender<Option<Arc<ServiceRoutesMap>>>>,
+    /// The route problems reported last time.
+    reported_routes: Arc<Mutex<RouteProblems>>,
 }
 
 impl PolicyPublisher {
@@ -44,7 +57,14 @@ impl PolicyPublisher {
             defaults,
             metrics,
             reported: Arc::default(),
+            routes: Arc::new(watch::Sender::new(None)),
+            reported_routes: Arc::default(),
         }
+    }
+
+    /// The channel of every Service's routes (rendered by [`Self::run`]).
+    pub fn subscribe_routes(&self) -> RoutesChannel {
+        self.routes.subscribe()
     }
 
     /// The channel of `node`'s pods (rendered by [`Self::run`] if it was not yet).
@@ -90,6 +110,9 @@ impl PolicyPublisher {
     /// (not `only_new`) also reports what it left out, even with no stream at all: the
     /// AuthorizationPolicies are resolved cluster-wide, conflicts on the nodes rendered.
     pub fn publish(&self, index: &SharedIndex, only_new: bool) {
+        if !only_new || self.routes.borrow().is_none() {
+            self.publish_routes(index);
+        }
         let targets: HashSet<String> = {
             let mut nodes = self.nodes.lock().unwrap_or_else(PoisonError::into_inner);
             nodes.retain(|_, tx| tx.receiver_count() > 0);
@@ -124,6 +147,46 @@ impl PolicyPublisher {
                 true
             });
         }
+    }
+
+    /// Renders every Service's routes and sends them if any changed.
+    fn publish_routes(&self, index: &SharedIndex) {
+        let previous = self.routes.borrow().clone().unwrap_or_default();
+        let rendered = render_routes(&index.read(), &previous);
+        self.metrics.route_renders.inc();
+        self.report_routes(&rendered.problems);
+        self.metrics
+            .routed_services
+            .set(i64::try_from(rendered.services.len()).unwrap_or(i64::MAX));
+        let unchanged = self.routes.borrow().is_some()
+            && previous.len() == rendered.services.len()
+            && previous
+                .iter()
+                .zip(&rendered.services)
+                .all(|((ka, a), (kb, b))| ka == kb && Arc::ptr_eq(a, b));
+        if !unchanged {
+            self.routes.send_replace(Some(Arc::new(rendered.services)));
+        }
+    }
+
+    /// Logs the routes newly left out (and those no longer), and sets the gauge.
+    fn report_routes(&self, now: &RouteProblems) {
+        let mut reported = self
+            .reported_routes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        for (route, why) in now {
+            if reported.get(route) != Some(why) {
+                tracing::warn!(%route, reason = %why, "route not rendered");
+            }
+        }
+        for route in reported.keys().filter(|k| !now.contains_key(*k)) {
+            tracing::info!(%route, "route no longer left out");
+        }
+        self.metrics
+            .routes_unsupported
+            .set(i64::try_from(now.len()).unwrap_or(i64::MAX));
+        *reported = now.clone();
     }
 
     /// Logs what is newly left out (and what is no longer), and sets the gauges.
@@ -250,5 +313,58 @@ spec: {nodeName: node-b, containers: []}
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         assert_eq!(nodes.keys().collect::<Vec<_>>(), ["node-b"]);
+    }
+
+    #[test]
+    fn routes_render_once_per_change_for_every_stream_and_wake_them_only_when_they_change() {
+        let with_route = format!(
+            "{CLUSTER}---\napiVersion: v1\nkind: Service\nmetadata: {{name: web, namespace: shop, annotations: {{retry.ambit.dev/limit: '2'}}}}\nspec: {{ports: [{{port: 80}}]}}\n"
+        );
+        let index = shared(&with_route);
+        let publisher = PolicyPublisher::new(
+            Defaults {
+                policy: "all-unauthenticated".into(),
+                cluster_networks: vec![],
+            },
+            PolicyMetrics::default(),
+        );
+        let mut streams: Vec<RoutesChannel> =
+            (0..20).map(|_| publisher.subscribe_routes()).collect();
+        publisher.publish(&index, false);
+        assert_eq!(
+            publisher.metrics.route_renders.get(),
+            1,
+            "one rendering for 20 streams"
+        );
+        let first = streams[0].borrow_and_update().clone().unwrap_or_default();
+        assert_eq!(first.keys().collect::<Vec<_>>(), ["shop/web"]);
+        for rx in &mut streams[1..] {
+            rx.mark_unchanged();
+        }
+        // A change that touches no route: rendered, not sent.
+        let pods_only = with_route.replace(
+            "name: a, namespace: shop}",
+            "name: a, namespace: shop, labels: {x: y}}",
+        );
+        index.replace(shared(&pods_only).read().clone());
+        publisher.publish(&index, false);
+        assert_eq!(publisher.metrics.route_renders.get(), 2);
+        assert!(streams.iter().all(|rx| !rx.has_changed().unwrap_or(true)));
+        // A route change wakes every stream once.
+        index.replace(
+            shared(&pods_only.replace("limit: '2'", "limit: '3'"))
+                .read()
+                .clone(),
+        );
+        publisher.publish(&index, false);
+        assert!(streams.iter().all(|rx| rx.has_changed().unwrap_or(false)));
+        let now = streams[0].borrow_and_update().clone().unwrap_or_default();
+        assert_eq!(
+            now["shop/web"].ports[0].rules[0]
+                .retry
+                .as_ref()
+                .map(|r| r.limit),
+            Some(3)
+        );
     }
 }

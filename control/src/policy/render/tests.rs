@@ -410,16 +410,16 @@ fn deltas_and_chunks_bounded_by_count_and_bytes() {
     assert!(delta.pods[0].default.as_ref().unwrap().audit);
     let gone = diff(&after, &BTreeMap::new());
     assert_eq!(gone.removed_pods.len(), 3);
-    let chunks = snapshot_chunks(&after, 2, 1 << 20);
+    let chunks = snapshot_chunks(&after, &Default::default(), 2, 1 << 20);
     assert_eq!(chunks.len(), 2);
     assert!(chunks[0].snapshot && chunks[0].more && !chunks[1].snapshot && !chunks[1].more);
     // One byte allowed: one pod a chunk (a pod larger than the bound goes alone).
-    let chunks = snapshot_chunks(&after, 256, 1);
+    let chunks = snapshot_chunks(&after, &Default::default(), 256, 1);
     assert_eq!(
         chunks.iter().map(|c| c.pods.len()).collect::<Vec<_>>(),
         [1, 1, 1]
     );
-    let empty = snapshot_chunks(&BTreeMap::new(), 2, 1 << 20);
+    let empty = snapshot_chunks(&BTreeMap::new(), &Default::default(), 2, 1 << 20);
     assert!(empty.len() == 1 && empty[0].snapshot && !empty[0].more);
     let mut both = diff(&before, &after);
     both.pods = after.values().cloned().collect();
