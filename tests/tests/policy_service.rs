@@ -264,3 +264,156 @@ async fn another_nodes_token_is_refused_and_a_policy_that_does_not_resolve_allow
     );
     cp.stop().await;
 }
+
+const ROUTES: &str = "---
+apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: shop}
+spec: {clusterIP: 10.96.0.10, ports: [{name: http, port: 80}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: api, namespace: shop, annotations: {retry.ambit.dev/http: gateway-error, retry.ambit.dev/limit: '2', timeout.ambit.dev/request: 3s}}
+spec: {clusterIP: 10.96.0.11, ports: [{port: 8080}]}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: web-split, namespace: shop}
+spec:
+  parentRefs: [{group: core, kind: Service, name: web, port: 80}]
+  rules:
+  - backendRefs: [{name: web-v1, port: 80, weight: 90}, {name: web-v2, port: 80, weight: 10}]
+    retry: {codes: [503], attempts: 2, backoff: 50ms}
+  - matches: [{headers: [{name: X-Canary, value: 'true'}]}]
+    backendRefs: [{name: web-v2, port: 80}]
+";
+
+/// A Service's rules as the tests compare them: (kind/name, headers matched, backends
+/// as service:port@weight, retry limit and statuses, request timeout).
+fn service_rules(u: &Update, service: &str) -> Vec<String> {
+    let s = u
+        .services
+        .iter()
+        .find(|s| s.service == service)
+        .unwrap_or_else(|| panic!("{service} in {u:?}"));
+    s.ports
+        .iter()
+        .flat_map(|p| p.rules.iter().map(move |r| (p.port, r)))
+        .map(|(port, r)| {
+            let m = r.r#match.clone().unwrap_or_default();
+            let headers: Vec<String> = m.headers.iter().map(|h| h.name.clone()).collect();
+            let backends: Vec<String> = r
+                .backends
+                .iter()
+                .map(|b| format!("{}:{}@{}", b.service, b.port, b.weight))
+                .collect();
+            let retry = r
+                .retry
+                .as_ref()
+                .map(|r| {
+                    let statuses: Vec<String> = r
+                        .http_statuses
+                        .iter()
+                        .map(|s| format!("{}-{}", s.min, s.max))
+                        .collect();
+                    format!(
+                        "retry {}x {} {}ms",
+                        r.limit,
+                        statuses.join(","),
+                        r.backoff_ms
+                    )
+                })
+                .unwrap_or_default();
+            let timeout = r.timeouts.map(|t| t.request_ms).unwrap_or_default();
+            format!(
+                "{port} {}/{} [{}] [{}] {retry} t{timeout}",
+                r.route_kind,
+                r.route_name,
+                headers.join(","),
+                backends.join(",")
+            )
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn routes_reach_every_node_in_precedence_order_then_as_deltas_of_the_changed_services() {
+    ambit_e2e::init_test_logging();
+    let cp = ControlPlane::start(
+        &cluster(&format!("{POLICY}{ROUTES}")),
+        &["node-a", "node-b"],
+    )
+    .await;
+    let mut client = InboundPolicyClient::new(cp.channel(&cp.policy_url()));
+    let mut stream = client
+        .watch(watch("node-b", "node-b"))
+        .await
+        .unwrap()
+        .into_inner();
+
+    // Not node-scoped: node-b has no client pod of these Services and gets them all.
+    let snapshot = next(&mut stream).await;
+    assert!(snapshot.snapshot && !snapshot.more, "{snapshot:?}");
+    let names: Vec<&str> = snapshot
+        .services
+        .iter()
+        .map(|s| s.service.as_str())
+        .collect();
+    assert_eq!(names, ["shop/api", "shop/web"]);
+    // The header match ranks before the rule without matches although written after it.
+    assert_eq!(
+        service_rules(&snapshot, "shop/web"),
+        [
+            "80 HTTPRoute/web-split [x-canary] [shop/web-v2:80@1]  t0",
+            "80 HTTPRoute/web-split [] [shop/web-v1:80@90,shop/web-v2:80@10] retry 2x 503-503 50ms t0",
+        ]
+    );
+    // Annotations only: one default rule with the Service's retry and timeout.
+    assert_eq!(
+        service_rules(&snapshot, "shop/api"),
+        ["8080 default/default [] [] retry 2x 502-504 25ms t3000"]
+    );
+
+    // A change to the route: a delta with that Service only.
+    let split = ROUTES.replace(
+        "weight: 90}, {name: web-v2, port: 80, weight: 10}",
+        "weight: 50}, {name: web-v2, port: 80, weight: 50}",
+    );
+    cp.set_cluster(&cluster(&format!("{POLICY}{split}")));
+    let delta = next(&mut stream).await;
+    assert!(!delta.snapshot && delta.pods.is_empty(), "{delta:?}");
+    let names: Vec<&str> = delta.services.iter().map(|s| s.service.as_str()).collect();
+    assert_eq!(names, ["shop/web"]);
+    assert!(service_rules(&delta, "shop/web")[1].contains("shop/web-v1:80@50,shop/web-v2:80@50"));
+
+    // A typo in a route: refused by file, object and field; the last good routes stay.
+    let typo = split.replace("{name: web-v2, port: 80}]", "{name: web-v2, prot: 80}]");
+    cp.set_cluster(&cluster(&format!("{POLICY}{typo}")));
+    let dir = cp.cluster_file().parent().unwrap().to_path_buf();
+    let e = ambit_control::local::load_index(&dir, "cluster.local").unwrap_err();
+    assert_eq!(e.file, cp.cluster_file());
+    assert_eq!(e.object.as_deref(), Some("HTTPRoute web-split"));
+    assert_eq!(
+        e.field.as_deref(),
+        Some("spec.rules[1].backendRefs[0].prot")
+    );
+    let waited = tokio::time::timeout(Duration::from_secs(3), stream.message()).await;
+    assert!(waited.is_err(), "no update for a refused file: {waited:?}");
+    let m = cp.metrics().await;
+    assert_eq!(
+        metric_sum(&m, "local_reloads_total", &["failure"]),
+        1,
+        "{m}"
+    );
+
+    // The route deleted: web has no annotation left and is removed; api stays.
+    let no_route = ROUTES.split("---\napiVersion: gateway").next().unwrap();
+    cp.set_cluster(&cluster(&format!("{POLICY}{no_route}")));
+    let delta = next(&mut stream).await;
+    assert!(delta.services.is_empty(), "{delta:?}");
+    assert_eq!(delta.removed_services, ["shop/web"]);
+    let m = cp.metrics().await;
+    assert_eq!(metric_sum(&m, "policy_routed_services", &[]), 1, "{m}");
+    assert_eq!(metric_sum(&m, "policy_routes_unsupported", &[]), 0, "{m}");
+    cp.stop().await;
+}
