@@ -14,9 +14,69 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// The routes of one Service, by Service port.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct ServiceRoutes {
     ports: HashMap<u16, Vec<Arc<Rule>>>,
+    /// The Service's failure accrual (None: disabled).
+    pub failure_accrual: Option<Accrual>,
+}
+
+/// A destination's failure accrual policy (consecutive failures), as Linkerd's.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Accrual {
+    pub max_failures: u32,
+    pub min_penalty: Duration,
+    pub max_penalty: Duration,
+    /// Up to this share of a penalty is taken off at random (0 to 1).
+    pub jitter: f64,
+}
+
+impl Default for Accrual {
+    /// Linkerd's defaults: 7 consecutive failures, 1 s to 1 min, half jittered.
+    fn default() -> Self {
+        Self {
+            max_failures: 7,
+            min_penalty: Duration::from_secs(1),
+            max_penalty: Duration::from_secs(60),
+            jitter: 0.5,
+        }
+    }
+}
+
+impl Accrual {
+    /// `balancer.ambit.dev/failure-accrual` as the control plane sent it; unset: the
+    /// defaults. Zero fields take the defaults.
+    fn from_pb(f: Option<&pb::FailureAccrual>, service: &str) -> Result<Option<Self>, String> {
+        let Some(f) = f else {
+            return Ok(Some(Self::default()));
+        };
+        match f.kind.as_str() {
+            "disabled" => Ok(None),
+            "consecutive" | "" => {
+                let d = Self::default();
+                let ms = |v: u64, or: Duration| if v == 0 { or } else { Duration::from_millis(v) };
+                let a = Self {
+                    max_failures: if f.max_failures == 0 {
+                        d.max_failures
+                    } else {
+                        f.max_failures
+                    },
+                    min_penalty: ms(f.min_penalty_ms, d.min_penalty),
+                    max_penalty: ms(f.max_penalty_ms, d.max_penalty),
+                    jitter: f.jitter_ratio,
+                };
+                if !(0.0..=1.0).contains(&a.jitter) || a.min_penalty > a.max_penalty {
+                    return Err(format!(
+                        "Service {service}: failure accrual {f:?} is not one (jitter 0 to 1, min penalty at most max)"
+                    ));
+                }
+                Ok(Some(a))
+            }
+            k => Err(format!(
+                "Service {service}: failure accrual {k:?} is not consecutive or disabled"
+            )),
+        }
+    }
 }
 
 impl ServiceRoutes {
@@ -41,7 +101,10 @@ impl ServiceRoutes {
                 .collect::<Result<_, _>>()?;
             ports.insert(port, rules);
         }
-        Ok(Self { ports })
+        Ok(Self {
+            ports,
+            failure_accrual: Accrual::from_pb(s.failure_accrual.as_ref(), &s.service)?,
+        })
     }
 
     /// The rules of `port`, in precedence order; None when the port has none (served as a

@@ -2,8 +2,10 @@
 //! Linkerd does; an endpoint that just failed is not picked again for a while, unless
 //! nothing else is left. The latency estimate fades towards zero while an endpoint is not
 //! used (as tower's PeakEwma decays on every read), so an endpoint that was once slow is
-//! tried again rather than left unused for ever.
+//! tried again rather than left unused for ever. Endpoints that fail again and again are
+//! ejected by failure accrual (`accrual.rs`).
 
+use super::accrual::{Accrual, Health};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -23,6 +25,7 @@ struct Stats {
     stamp: Instant,
     pending: u32,
     failed_at: Option<Instant>,
+    health: Health,
 }
 
 impl Stats {
@@ -32,6 +35,7 @@ impl Stats {
             stamp: Instant::now(),
             pending: 0,
             failed_at: None,
+            health: Health::default(),
         }
     }
 
@@ -69,22 +73,60 @@ pub struct Pick {
     pub addr: SocketAddr,
     start: Instant,
     done: bool,
+    /// The destination's failure accrual (None: off).
+    accrual: Option<Accrual>,
+    /// This is the endpoint's probation request.
+    probe: bool,
+}
+
+/// Why no endpoint was picked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NoPick {
+    /// There are none.
+    Empty,
+    /// Every one is ejected by failure accrual.
+    AllEjected,
 }
 
 impl Balancer {
-    /// Chooses among `candidates` (indexes into the caller's list) and marks it in flight.
+    /// Chooses among `candidates` (indexes into the caller's list) and marks it in flight;
+    /// no failure accrual.
     pub fn pick(&self, candidates: &[SocketAddr]) -> Option<(usize, Pick)> {
+        self.choose(candidates, None).ok()
+    }
+
+    /// Chooses among the `candidates` that failure accrual (`accrual`; None: off) has not
+    /// ejected, and marks it in flight.
+    pub fn choose(
+        &self,
+        candidates: &[SocketAddr],
+        accrual: Option<&Accrual>,
+    ) -> Result<(usize, Pick), NoPick> {
+        if candidates.is_empty() {
+            return Err(NoPick::Empty);
+        }
         let now = Instant::now();
-        let i = match candidates.len() {
-            0 => return None,
-            1 => 0,
+        let mut stats = self.stats.lock().unwrap_or_else(PoisonError::into_inner);
+        let usable: Vec<usize> = match accrual {
+            None => (0..candidates.len()).collect(),
+            Some(_) => (0..candidates.len())
+                .filter(|i| {
+                    stats
+                        .get(&candidates[*i])
+                        .is_none_or(|s| s.health.available(now))
+                })
+                .collect(),
+        };
+        let i = match usable.len() {
+            0 => return Err(NoPick::AllEjected),
+            1 => usable[0],
             n => {
                 let a = fastrand::usize(..n);
                 let mut b = fastrand::usize(..n - 1);
                 if b >= a {
                     b += 1;
                 }
-                let stats = self.stats.lock().unwrap_or_else(PoisonError::into_inner);
+                let (a, b) = (usable[a], usable[b]);
                 let cost = |i: usize| {
                     stats
                         .get(&candidates[i])
@@ -98,28 +140,34 @@ impl Balancer {
             }
         };
         let addr = candidates[i];
-        self.stats
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .entry(addr)
-            .or_insert_with(Stats::new)
-            .pending += 1;
-        Some((
+        let s = stats.entry(addr).or_insert_with(Stats::new);
+        s.pending += 1;
+        let probe = accrual.is_some() && s.health.picked(now);
+        Ok((
             i,
             Pick {
                 balancer: self.clone(),
                 addr,
                 start: now,
                 done: false,
+                accrual: accrual.copied(),
+                probe,
             },
         ))
     }
 
-    fn finish(&self, addr: SocketAddr, rtt: Option<Duration>) {
+    /// A use of `addr` ended: `rtt` when it answered (None: it failed to), `ok` as the
+    /// response was classified, for failure accrual under `accrual`.
+    fn finish(&self, addr: SocketAddr, rtt: Option<Duration>, ok: bool, accrual: Option<&Accrual>) {
         let now = Instant::now();
         let mut stats = self.stats.lock().unwrap_or_else(PoisonError::into_inner);
         let s = stats.entry(addr).or_insert_with(Stats::new);
         s.pending = s.pending.saturating_sub(1);
+        if let Some(policy) = accrual {
+            if s.health.record(ok, now, policy, fastrand::f64()) {
+                tracing::info!(endpoint = %addr, "endpoint ejected by failure accrual");
+            }
+        }
         match rtt {
             Some(rtt) => {
                 let sample = rtt.as_nanos() as f64;
@@ -149,16 +197,28 @@ impl Balancer {
 }
 
 impl Pick {
-    /// The endpoint answered; its latency feeds the average.
+    /// The endpoint answered, with a success; its latency feeds the average.
     pub fn success(mut self) {
         self.done = true;
-        self.balancer.finish(self.addr, Some(self.start.elapsed()));
+        let rtt = self.start.elapsed();
+        self.balancer
+            .finish(self.addr, Some(rtt), true, self.accrual.as_ref());
+    }
+
+    /// The endpoint answered with a failure (a 5xx, a gRPC error): its latency feeds the
+    /// average, and failure accrual counts it.
+    pub fn failed_response(mut self) {
+        self.done = true;
+        let rtt = self.start.elapsed();
+        self.balancer
+            .finish(self.addr, Some(rtt), false, self.accrual.as_ref());
     }
 
     /// The endpoint failed (refused, reset, timed out).
     pub fn failure(mut self) {
         self.done = true;
-        self.balancer.finish(self.addr, None);
+        self.balancer
+            .finish(self.addr, None, false, self.accrual.as_ref());
     }
 }
 
@@ -172,6 +232,7 @@ impl Drop for Pick {
                 .unwrap_or_else(PoisonError::into_inner);
             if let Some(s) = stats.get_mut(&self.addr) {
                 s.pending = s.pending.saturating_sub(1);
+                s.health.abandoned(self.probe);
             }
         }
     }
@@ -265,5 +326,48 @@ mod tests {
         let _busy: Vec<_> = (0..10).map(|_| b.pick(&eps[..1]).unwrap().1).collect();
         let (i, _) = b.pick(&eps).unwrap();
         assert_eq!(i, 1, "ten requests in flight make endpoint 0 the costlier");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_ejected_endpoint_is_skipped_probed_once_and_restored() {
+        let b = Balancer::default();
+        let eps = addrs(2);
+        let accrual = Accrual {
+            max_failures: 3,
+            jitter: 0.0,
+            ..Accrual::default()
+        };
+        // Three failed responses in a row from endpoint 0: ejected.
+        for _ in 0..3 {
+            let (_, p) = b.choose(&eps[..1], Some(&accrual)).unwrap();
+            p.failed_response();
+        }
+        for _ in 0..50 {
+            let (i, p) = b.choose(&eps, Some(&accrual)).unwrap();
+            assert_eq!(i, 1, "an ejected endpoint was picked");
+            p.success();
+        }
+        // Alone, it is not picked at all: fail fast.
+        assert_eq!(
+            b.choose(&eps[..1], Some(&accrual)).unwrap_err(),
+            NoPick::AllEjected
+        );
+        // Without accrual (a destination that has it disabled), it is.
+        assert!(b.choose(&eps[..1], None).is_ok());
+        // After the penalty, one probation request, then a success restores it.
+        tokio::time::advance(accrual.min_penalty).await;
+        let (_, probe) = b.choose(&eps[..1], Some(&accrual)).unwrap();
+        assert_eq!(
+            b.choose(&eps[..1], Some(&accrual)).unwrap_err(),
+            NoPick::AllEjected,
+            "a second request while the probe is in flight"
+        );
+        probe.success();
+        for _ in 0..5 {
+            let (_, p) = b.choose(&eps[..1], Some(&accrual)).unwrap();
+            p.success();
+        }
+        assert_eq!(b.choose(&eps, Some(&accrual)).map(|_| ()), Ok(()));
+        assert_eq!(b.choose(&[], Some(&accrual)).unwrap_err(), NoPick::Empty);
     }
 }

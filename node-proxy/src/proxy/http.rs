@@ -8,7 +8,7 @@ use super::body::{self, Body};
 use super::detect::{Protocol, Rewind};
 use super::http_metrics::ConnectionSeries;
 use super::metrics::TrafficLabels;
-use super::resolve::{settle, Resolved};
+use super::resolve::{settle_response, Resolved};
 use super::tunnel::Tunnel;
 use super::{PodContext, ProxyError, Shared, ERROR_HEADER};
 use ambit_api::WorkloadIdentity;
@@ -242,7 +242,7 @@ pub(super) async fn try_once(
 }
 
 fn finish(result: Result<Response<Body>, ProxyError>, pick: Option<Pick>) -> Response<Body> {
-    settle(pick, result.is_ok());
+    settle_response(pick, &result);
     result.unwrap_or_else(|e| {
         tracing::info!(error = %e, "outbound request failed");
         error_response(&e)

@@ -13,6 +13,7 @@
 //! HTTP/2 through the tunnel); everything else is relayed as opaque TCP in a CONNECT
 //! stream.
 
+mod accrual;
 pub mod authz;
 mod balance;
 mod body;

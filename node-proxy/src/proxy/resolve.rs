@@ -3,7 +3,9 @@
 //! detection, the endpoints it may reach (each with the identity it must prove, or none
 //! for plaintext), the Service for metrics and routes, and the balancer's choice.
 
-use super::balance::Pick;
+use super::accrual::Accrual;
+use super::balance::{NoPick, Pick};
+use super::classify::{classify, Class, GrpcCode};
 use super::{ProxyError, Shared};
 use crate::discovery::{Destination, DiscoveryState};
 use ambit_api::ports::{PortSet, DEFAULT_OPAQUE_PORTS};
@@ -134,22 +136,53 @@ impl Resolved {
             return Ok((self.targets[0].clone(), None));
         };
         let addrs: Vec<SocketAddr> = self.targets.iter().map(|t| t.addr).collect();
-        let Some((i, pick)) = shared.balancer.pick(&addrs) else {
-            return Err(ProxyError::Unavailable(format!(
+        // The Service's failure accrual, else the defaults.
+        let accrual = match shared
+            .policy
+            .borrow()
+            .routes(&service.namespace, &service.name)
+        {
+            Some(r) => r.failure_accrual,
+            None => Some(Accrual::default()),
+        };
+        match shared.balancer.choose(&addrs, accrual.as_ref()) {
+            Ok((i, pick)) => Ok((self.targets[i].clone(), Some(pick))),
+            Err(NoPick::Empty) => Err(ProxyError::Unavailable(format!(
                 "no ready endpoints for Service {}/{} port {}",
                 service.namespace, service.name, service.port
-            )));
-        };
-        Ok((self.targets[i].clone(), Some(pick)))
+            ))),
+            Err(NoPick::AllEjected) => Err(ProxyError::Unavailable(format!(
+                "every endpoint of Service {}/{} port {} is ejected by failure accrual after failing repeatedly",
+                service.namespace, service.name, service.port
+            ))),
+        }
     }
 }
 
-/// Reports to the balancer how using the picked endpoint went.
+/// Reports to the balancer how using the picked endpoint went: connected or not.
 pub(super) fn settle(pick: Option<Pick>, ok: bool) {
     match (pick, ok) {
         (Some(p), true) => p.success(),
         (Some(p), false) => p.failure(),
         (None, _) => {}
+    }
+}
+
+/// Reports to the balancer how a request to the picked endpoint went: no response, or a
+/// response classified as a success or a failure (failure accrual counts those).
+pub(super) fn settle_response<B>(
+    pick: Option<Pick>,
+    result: &Result<http::Response<B>, ProxyError>,
+) {
+    let Some(p) = pick else {
+        return;
+    };
+    match result {
+        Err(_) => p.failure(),
+        Ok(resp) => match classify(resp.status(), GrpcCode::of(resp.headers())) {
+            Class::Success => p.success(),
+            Class::Failure => p.failed_response(),
+        },
     }
 }
 
