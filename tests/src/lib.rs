@@ -14,6 +14,7 @@
 pub mod cni;
 pub mod kube;
 pub mod netns;
+pub mod testapp;
 
 use ambit_control::config::Config;
 use ambit_control::pki::generate::{issuer, trust_anchor, CaMaterial, Validity};

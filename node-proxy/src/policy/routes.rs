@@ -17,7 +17,7 @@ use std::time::Duration;
 #[derive(Debug)]
 pub struct ServiceRoutes {
     ports: HashMap<u16, Vec<Arc<Rule>>>,
-    /// The Service's failure accrual (None: disabled).
+    /// The Service's failure accrual (None: none, the default).
     pub failure_accrual: Option<Accrual>,
 }
 
@@ -44,11 +44,11 @@ impl Default for Accrual {
 }
 
 impl Accrual {
-    /// `balancer.ambit.dev/failure-accrual` as the control plane sent it; unset: the
-    /// defaults. Zero fields take the defaults.
+    /// `balancer.ambit.dev/failure-accrual` as the control plane sent it; unset: none
+    /// (opt-in, as Linkerd's circuit breaking). Zero fields take the defaults.
     fn from_pb(f: Option<&pb::FailureAccrual>, service: &str) -> Result<Option<Self>, String> {
         let Some(f) = f else {
-            return Ok(Some(Self::default()));
+            return Ok(None);
         };
         match f.kind.as_str() {
             "disabled" => Ok(None),

@@ -1,4 +1,5 @@
-//! Failure accrual, as Linkerd's consecutive-failures policy: an endpoint that fails
+//! Failure accrual, as Linkerd's consecutive-failures policy (opt-in per Service, by
+//! `balancer.ambit.dev/failure-accrual`): an endpoint that fails
 //! `max_failures` times in a row (a connection error, or a response classified as a
 //! failure) is ejected — not picked — for a penalty that doubles with each ejection in a
 //! row (from `min_penalty` up to `max_penalty`, part of it taken off at random); once the

@@ -95,8 +95,8 @@ pub enum ProxyError {
     /// Gateway API says).
     #[error("no route: {0}")]
     NoRoute(String),
-    /// The matching route cannot send anywhere: every backend has weight 0 (HTTP 500, as
-    /// Gateway API says).
+    /// The matching route cannot send anywhere: every backend has weight 0, or the one
+    /// drawn does not exist (HTTP 500, as Gateway API says).
     #[error("route: {0}")]
     BadRoute(String),
     /// Our own failure.

@@ -3,7 +3,6 @@
 //! detection, the endpoints it may reach (each with the identity it must prove, or none
 //! for plaintext), the Service for metrics and routes, and the balancer's choice.
 
-use super::accrual::Accrual;
 use super::balance::{NoPick, Pick};
 use super::classify::{classify, Class, GrpcCode};
 use super::{ProxyError, Shared};
@@ -136,15 +135,13 @@ impl Resolved {
             return Ok((self.targets[0].clone(), None));
         };
         let addrs: Vec<SocketAddr> = self.targets.iter().map(|t| t.addr).collect();
-        // The Service's failure accrual, else the defaults.
-        let accrual = match shared
+        // The Service's failure accrual: opt-in by annotation, as Linkerd's circuit
+        // breaking.
+        let accrual = shared
             .policy
             .borrow()
             .routes(&service.namespace, &service.name)
-        {
-            Some(r) => r.failure_accrual,
-            None => Some(Accrual::default()),
-        };
+            .and_then(|r| r.failure_accrual);
         match shared.balancer.choose(&addrs, accrual.as_ref()) {
             Ok((i, pick)) => Ok((self.targets[i].clone(), Some(pick))),
             Err(NoPick::Empty) => Err(ProxyError::Unavailable(format!(

@@ -248,6 +248,11 @@ impl http_body::Body for Recording {
             Poll::Ready(None) => r.ended = true,
             Poll::Pending => {}
         }
+        // The sender stops polling once the body says it has ended (hyper does not wait
+        // for the final None): that is the end too.
+        if matches!(polled, Poll::Ready(Some(Ok(_)))) && self.inner.is_end_stream() {
+            r.ended = true;
+        }
         drop(r);
         polled
     }

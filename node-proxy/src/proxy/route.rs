@@ -64,7 +64,8 @@ pub(super) fn backend(
     };
     let resolved = Resolved::service(&b.namespace, &b.name, b.port, &shared.state.borrow())
         .ok_or_else(|| {
-            ProxyError::Unavailable(format!(
+            // Gateway API: a request drawn to an invalid backend gets 500.
+            ProxyError::BadRoute(format!(
                 "backend Service {}/{} port {} of {} {}/{} does not exist",
                 b.namespace, b.name, b.port, rule.route_kind, rule.route_namespace, rule.route_name
             ))

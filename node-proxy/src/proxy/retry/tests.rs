@@ -109,3 +109,17 @@ async fn a_body_over_64_kib_is_not_kept() {
     let (_, replay) = Replay::record(super::super::body::empty());
     assert_eq!(collect(replay.replay().unwrap()).await.0, b"");
 }
+
+#[tokio::test]
+async fn a_body_is_whole_once_it_says_it_has_ended_without_a_last_poll() {
+    // hyper stops polling a request body once `is_end_stream` is true: the final `None`
+    // never comes.
+    let full = http_body_util::Full::new(Bytes::from_static(b"hello"))
+        .map_err(|e| match e {})
+        .boxed();
+    let (mut body, replay) = Replay::record(full);
+    let frame = body.frame().await.unwrap().unwrap();
+    assert_eq!(frame.into_data().unwrap(), "hello");
+    assert!(http_body::Body::is_end_stream(&body));
+    assert_eq!(collect(replay.replay().unwrap()).await.0, b"hello");
+}

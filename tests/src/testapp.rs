@@ -1,0 +1,197 @@
+//! A purpose-built HTTP test server for routes, timeouts and retries, and a keep-alive
+//! client that sends from inside a pod's network namespace (so the pod's redirection takes
+//! the connection to its node proxy, as an application's would be).
+//!
+//! The server answers each request as its headers ask:
+//! - `x-test-status: N` — with status N;
+//! - `x-test-fail: N` with `x-test-key: K` — 503 to the first N requests with key K, then
+//!   200 (the counts are per server, and visible to the test);
+//! - `x-test-delay-ms: N` — after N milliseconds;
+//! - otherwise with the status the test set on the server ([`Seen::set_status`]), or 200.
+//!
+//! A 200's body names the server, the size of the request body it read, and the request's
+//! headers, one `name: value` a line; every response has `x-served-by: <name>`.
+
+use ambit_proxy::netns::Netns;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// What a test server has seen.
+#[derive(Clone, Debug, Default)]
+pub struct Seen {
+    /// Requests by `x-test-key` ("" when none).
+    pub by_key: Arc<Mutex<HashMap<String, u32>>>,
+    /// The status every request gets unless it asks otherwise (0: 200).
+    status: Arc<std::sync::atomic::AtomicU16>,
+}
+
+impl Seen {
+    /// From now on, answer `status` to requests that do not ask for another.
+    pub fn set_status(&self, status: u16) {
+        self.status
+            .store(status, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// How many requests with `key` arrived.
+    pub fn count(&self, key: &str) -> u32 {
+        self.by_key.lock().unwrap().get(key).copied().unwrap_or(0)
+    }
+
+    /// Every request, whatever its key.
+    pub fn total(&self) -> u32 {
+        self.by_key.lock().unwrap().values().sum()
+    }
+}
+
+/// Serves HTTP/1.1 and HTTP/2 (h2c) on `port` in `netns`, as `name`.
+pub async fn serve(netns: &Netns, port: u16, name: &'static str) -> Seen {
+    let listener = netns
+        .bind(SocketAddr::from(([0, 0, 0, 0], port)))
+        .await
+        .unwrap();
+    let seen = Seen::default();
+    let record = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((s, _)) = listener.accept().await {
+            let record = record.clone();
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(move |req| {
+                    let record = record.clone();
+                    async move { Ok::<_, std::convert::Infallible>(answer(req, name, &record).await) }
+                });
+                let _ = hyper_util::server::conn::auto::Builder::new(
+                    hyper_util::rt::TokioExecutor::new(),
+                )
+                .serve_connection(hyper_util::rt::TokioIo::new(s), svc)
+                .await;
+            });
+        }
+    });
+    seen
+}
+
+fn header<'a>(req: &'a http::Request<hyper::body::Incoming>, name: &str) -> Option<&'a str> {
+    req.headers().get(name).and_then(|v| v.to_str().ok())
+}
+
+async fn answer(
+    req: http::Request<hyper::body::Incoming>,
+    name: &str,
+    seen: &Seen,
+) -> http::Response<Full<Bytes>> {
+    let key = header(&req, "x-test-key").unwrap_or("").to_string();
+    let n = {
+        let mut m = seen.by_key.lock().unwrap();
+        let c = m.entry(key).or_default();
+        *c += 1;
+        *c
+    };
+    let fail_first: u32 = header(&req, "x-test-fail")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let fixed = seen.status.load(std::sync::atomic::Ordering::SeqCst);
+    let status: u16 = match header(&req, "x-test-status").and_then(|v| v.parse().ok()) {
+        Some(s) => s,
+        None if n <= fail_first => 503,
+        None if fixed != 0 => fixed,
+        None => 200,
+    };
+    let delay: u64 = header(&req, "x-test-delay-ms")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let mut text = format!("{name}\n");
+    for (k, v) in req.headers() {
+        text.push_str(&format!("{k}: {}\n", v.to_str().unwrap_or("?")));
+    }
+    let body = req.into_body().collect().await.map(|c| c.to_bytes().len());
+    text.push_str(&format!("body-bytes: {}\n", body.unwrap_or(0)));
+    if delay > 0 {
+        tokio::time::sleep(Duration::from_millis(delay)).await;
+    }
+    let mut resp = http::Response::new(Full::new(Bytes::from(text)));
+    *resp.status_mut() = http::StatusCode::from_u16(status).unwrap();
+    resp.headers_mut()
+        .insert("x-served-by", http::HeaderValue::from_str(name).unwrap());
+    resp
+}
+
+/// A keep-alive HTTP/1.1 client connection from inside a pod.
+#[derive(Debug)]
+pub struct Client {
+    send: hyper::client::conn::http1::SendRequest<Full<Bytes>>,
+    host: String,
+}
+
+/// A response as the test reads it.
+#[derive(Debug)]
+pub struct Reply {
+    pub status: u16,
+    pub headers: http::HeaderMap,
+    pub body: String,
+}
+
+impl Reply {
+    /// `x-served-by`, or "" (an answer of the proxy's own).
+    pub fn served_by(&self) -> &str {
+        self.headers
+            .get("x-served-by")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+    }
+}
+
+impl Client {
+    /// Connects from `netns` to `dst` (an application connection: redirected to the
+    /// node proxy by the pod's rules).
+    pub async fn connect(netns: &Netns, dst: SocketAddr) -> Self {
+        let stream = netns.connect(dst, 0).await.unwrap();
+        let (send, conn) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                .await
+                .unwrap();
+        tokio::spawn(conn);
+        Self {
+            send,
+            host: dst.to_string(),
+        }
+    }
+
+    /// Sends `method path` with `headers` and `body`; the connection stays open.
+    pub async fn send(
+        &mut self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Bytes,
+    ) -> Reply {
+        let mut b = http::Request::builder()
+            .method(method)
+            .uri(path)
+            .header("host", &self.host);
+        for (k, v) in headers {
+            b = b.header(*k, *v);
+        }
+        self.send.ready().await.unwrap();
+        let resp = self
+            .send
+            .send_request(b.body(Full::new(body)).unwrap())
+            .await
+            .unwrap();
+        let (parts, body) = resp.into_parts();
+        let body = body.collect().await.unwrap().to_bytes();
+        Reply {
+            status: parts.status.as_u16(),
+            headers: parts.headers,
+            body: String::from_utf8_lossy(&body).into_owned(),
+        }
+    }
+
+    /// A GET of `path` with `headers`.
+    pub async fn get(&mut self, path: &str, headers: &[(&str, &str)]) -> Reply {
+        self.send("GET", path, headers, Bytes::new()).await
+    }
+}
