@@ -7,6 +7,7 @@
 //! - `x-test-fail: N` with `x-test-key: K` — 503 to the first N requests with key K, then
 //!   200 (the counts are per server, and visible to the test);
 //! - `x-test-delay-ms: N` — after N milliseconds;
+//! - `x-test-early: 1` — without reading the request's body (which may still be coming);
 //! - otherwise with the status the test set on the server ([`Seen::set_status`]), or 200.
 //!
 //! A 200's body names the server, the size of the request body it read, and the request's
@@ -103,12 +104,15 @@ async fn answer(
     let delay: u64 = header(&req, "x-test-delay-ms")
         .and_then(|v| v.parse().ok())
         .unwrap_or(0);
+    let early = header(&req, "x-test-early").is_some();
     let mut text = format!("{name}\n");
     for (k, v) in req.headers() {
         text.push_str(&format!("{k}: {}\n", v.to_str().unwrap_or("?")));
     }
-    let body = req.into_body().collect().await.map(|c| c.to_bytes().len());
-    text.push_str(&format!("body-bytes: {}\n", body.unwrap_or(0)));
+    if !early {
+        let body = req.into_body().collect().await.map(|c| c.to_bytes().len());
+        text.push_str(&format!("body-bytes: {}\n", body.unwrap_or(0)));
+    }
     if delay > 0 {
         tokio::time::sleep(Duration::from_millis(delay)).await;
     }
@@ -119,10 +123,13 @@ async fn answer(
     resp
 }
 
+/// A request body as the client sends it.
+pub type ClientBody = http_body_util::combinators::BoxBody<Bytes, std::convert::Infallible>;
+
 /// A keep-alive HTTP/1.1 client connection from inside a pod.
 #[derive(Debug)]
 pub struct Client {
-    send: hyper::client::conn::http1::SendRequest<Full<Bytes>>,
+    send: hyper::client::conn::http1::SendRequest<ClientBody>,
     host: String,
 }
 
@@ -168,6 +175,33 @@ impl Client {
         headers: &[(&str, &str)],
         body: Bytes,
     ) -> Reply {
+        self.send_body(method, path, headers, Full::new(body).boxed())
+            .await
+    }
+
+    /// POSTs `first` as the beginning of a body that never ends (a stream still being
+    /// sent): the reply, which the server must give without waiting for the rest. The
+    /// connection cannot be used again.
+    pub async fn send_unending(
+        &mut self,
+        path: &str,
+        headers: &[(&str, &str)],
+        first: Bytes,
+    ) -> Reply {
+        use futures::StreamExt;
+        let frames = futures::stream::iter([Ok(hyper::body::Frame::data(first))])
+            .chain(futures::stream::pending());
+        let body = BodyExt::boxed(http_body_util::StreamBody::new(frames));
+        self.send_body("POST", path, headers, body).await
+    }
+
+    async fn send_body(
+        &mut self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: ClientBody,
+    ) -> Reply {
         let mut b = http::Request::builder()
             .method(method)
             .uri(path)
@@ -176,11 +210,7 @@ impl Client {
             b = b.header(*k, *v);
         }
         self.send.ready().await.unwrap();
-        let resp = self
-            .send
-            .send_request(b.body(Full::new(body)).unwrap())
-            .await
-            .unwrap();
+        let resp = self.send.send_request(b.body(body).unwrap()).await.unwrap();
         let (parts, body) = resp.into_parts();
         let body = body.collect().await.unwrap().to_bytes();
         Reply {

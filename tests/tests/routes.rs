@@ -4,20 +4,28 @@
 //! purpose-built test server (`ambit_e2e::testapp`) in other pods, through the mesh.
 //!
 //! Proven here: a 90/10 split measured over 1,000 requests; no matching rule → 404;
-//! header modifiers; retries turning failures into successes; a 100 KiB body not retried;
+//! header modifiers; retries turning failures into successes; a 100 KiB body and a body
+//! still streaming not retried;
 //! the retry budget stopping a storm, counted; request and per-try timeouts → 504; an
 //! endpoint ejected by failure accrual (fail-fast when it is the only one), skipped,
-//! probed and restored; routes kept while the control plane is away.
+//! probed and restored; routes kept while the control plane is away. And a GRPCRoute with
+//! a real tonic client: UNAVAILABLE retried by the route's annotations, gRPC statuses in
+//! the outbound_grpc_route metrics.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure
 
+use ambit_api::proto::identity::identity_client::IdentityClient;
+use ambit_api::proto::identity::identity_server::{Identity, IdentityServer};
+use ambit_api::proto::identity::{CertifyRequest, CertifyResponse};
 use ambit_e2e::netns::Topology;
 use ambit_e2e::testapp::{self, Client, Seen};
 use ambit_e2e::{metric_sum, ControlPlane, NodeProxy, NAMESPACES};
 use ambit_proxy::netns::Netns;
 use bytes::Bytes;
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 const WEB: &str = "10.96.0.20:80";
@@ -53,8 +61,12 @@ fn cluster(t: &Topology, pool: &[&str]) -> String {
         balancer.ambit.dev/failure-accrual-consecutive-min-penalty: 5s, \
         balancer.ambit.dev/failure-accrual-consecutive-max-penalty: 5s, \
         balancer.ambit.dev/failure-accrual-consecutive-jitter-ratio: '0'";
+    let grpc = format!(
+        "---\napiVersion: v1\nkind: Service\nmetadata: {{name: grpc, namespace: shop}}\nspec: {{clusterIP: 10.96.0.30, ports: [{{name: grpc, port: 9090}}]}}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: grpc-1, namespace: shop, labels: {{kubernetes.io/service-name: grpc}}}}\naddressType: IPv4\nports: [{{name: grpc, port: 9090}}]\nendpoints: [{{addresses: ['{}'], targetRef: {{kind: Pod, name: v2, namespace: shop}}}}]\n",
+        t.pod("v2").ip
+    );
     format!(
-        "{NAMESPACES}{}{}{}{}{}{}{}{}{}{}{ROUTE}",
+        "{NAMESPACES}{}{}{}{}{}{}{}{}{}{}{grpc}{ROUTE}{GRPC_ROUTE}",
         pod("client", "node-a", ""),
         pod("v1", "node-b", "app: web, version: v1"),
         pod("v2", "node-b", "app: web, version: v2"),
@@ -94,12 +106,25 @@ spec:
     timeouts: {request: 5s, backendRequest: 200ms}
 ";
 
+const GRPC_ROUTE: &str = "---
+apiVersion: gateway.networking.k8s.io/v1
+kind: GRPCRoute
+metadata:
+  name: certify
+  namespace: shop
+  annotations: {retry.ambit.dev/grpc: unavailable, retry.ambit.dev/limit: '2'}
+spec:
+  parentRefs: [{group: core, kind: Service, name: grpc, port: 9090}]
+  rules:
+  - matches: [{method: {service: ambit.identity.v1.Identity, method: Certify}}]
+";
+
 struct Mesh {
     t: Topology,
     cp: ControlPlane,
     a: NodeProxy,
     b: NodeProxy,
-    client: Netns,
+    client: Arc<Netns>,
     v1: Seen,
     v2: Seen,
     good: Seen,
@@ -125,7 +150,7 @@ async fn mesh() -> Mesh {
         serve("good").await,
         serve("bad").await,
     );
-    let client = Netns::open(Path::new(&t.pod("client").path())).unwrap();
+    let client = Arc::new(Netns::open(Path::new(&t.pod("client").path())).unwrap());
     Mesh {
         t,
         cp,
@@ -247,6 +272,24 @@ async fn routes_split_retry_time_out_and_eject() {
     assert_eq!(r.status, 200, "{r:?}");
     assert!(r.body.contains("body-bytes: 5"), "{r:?}");
 
+    // A body still streaming when the failure comes back is not retried either: the
+    // server answered 503 before reading it, and it cannot be sent again.
+    let mut streaming = m.client(WEB).await;
+    let r = streaming
+        .send_unending(
+            "/retry",
+            &[
+                ("x-test-key", "streaming"),
+                ("x-test-fail", "100"),
+                ("x-test-early", "1"),
+            ],
+            Bytes::from_static(b"first chunk"),
+        )
+        .await;
+    assert_eq!(r.status, 503, "{r:?}");
+    assert_eq!(m.v1.count("streaming"), 1);
+    drop(streaming);
+
     // The budget: 300 requests that always fail would make 900 retries at a limit of 3;
     // the budget allows 10 a second over 10 s plus a fifth of the requests (~160).
     let before = m.v1.total();
@@ -275,7 +318,7 @@ async fn routes_split_retry_time_out_and_eject() {
         "{metrics}"
     );
     assert!(
-        metric_sum(&metrics, "outbound_http_route_retry_overflow_total", &route) >= 1,
+        metric_sum(&metrics, "outbound_http_route_retry_overflow_total", &route) >= 2,
         "{metrics}"
     );
     assert!(
@@ -382,5 +425,146 @@ async fn routes_split_retry_time_out_and_eject() {
     assert_eq!(r.headers["x-routed"], "yes", "{r:?}");
     a.stop().await;
     b.stop().await;
+    drop(t);
+}
+
+/// A unary gRPC service (the identity service's Certify, as a stand-in): UNAVAILABLE to
+/// the first `x-test-fail` calls with each `x-test-key`, then OK; counts calls per key.
+#[derive(Clone, Default)]
+struct Flaky(Arc<Mutex<HashMap<String, u32>>>);
+
+#[tonic::async_trait]
+impl Identity for Flaky {
+    async fn certify(
+        &self,
+        req: tonic::Request<CertifyRequest>,
+    ) -> Result<tonic::Response<CertifyResponse>, tonic::Status> {
+        let get = |k: &str| {
+            req.metadata()
+                .get(k)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("")
+                .to_string()
+        };
+        let fail: u32 = get("x-test-fail").parse().unwrap_or(0);
+        let n = {
+            let mut m = self.0.lock().unwrap();
+            let c = m.entry(get("x-test-key")).or_default();
+            *c += 1;
+            *c
+        };
+        if n <= fail {
+            Err(tonic::Status::unavailable("not yet"))
+        } else {
+            Ok(tonic::Response::new(CertifyResponse::default()))
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grpc_route_retries_unavailable_and_counts_grpc_statuses() {
+    let m = mesh().await;
+    let flaky = Flaky::default();
+    let server = Netns::open(Path::new(&m.t.pod("v2").path())).unwrap();
+    let listener = server.bind("0.0.0.0:9090".parse().unwrap()).await.unwrap();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(IdentityServer::new(flaky.clone()))
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
+    let netns = m.client.clone();
+    let channel = tonic::transport::Endpoint::from_static("http://10.96.0.30:9090")
+        .connect_with_connector(tower::service_fn(move |uri: http::Uri| {
+            let netns = netns.clone();
+            async move {
+                let addr: SocketAddr =
+                    format!("{}:{}", uri.host().unwrap(), uri.port_u16().unwrap())
+                        .parse()
+                        .unwrap();
+                // An application socket: redirected to the node proxy.
+                let s = netns.connect(addr, 0).await?;
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(s))
+            }
+        }))
+        .await
+        .unwrap();
+    let mut client = IdentityClient::new(channel);
+    let call = |key: &str, fail: u32| {
+        let mut req = tonic::Request::new(CertifyRequest::default());
+        req.metadata_mut()
+            .insert("x-test-key", key.parse().unwrap());
+        req.metadata_mut()
+            .insert("x-test-fail", fail.to_string().parse().unwrap());
+        req
+    };
+    let count = |key: &str| flaky.0.lock().unwrap().get(key).copied().unwrap_or(0);
+    // Until the route has arrived, a failing call is not retried.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let mut i = 0;
+    loop {
+        i += 1;
+        let key = format!("warm-{i}");
+        let ok = client.certify(call(&key, 1)).await.is_ok();
+        if ok && count(&key) == 2 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the GRPCRoute never arrived"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // UNAVAILABLE twice (trailers-only): the third try answers.
+    client.certify(call("twice", 2)).await.unwrap();
+    assert_eq!(count("twice"), 3);
+    // More than the limit of 2 retries: the client gets the status.
+    let e = client.certify(call("always", 100)).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
+    assert_eq!(count("always"), 3);
+    let metrics = m.a.metrics().await;
+    let route = [
+        "route_kind=\"GRPCRoute\"",
+        "route_name=\"certify\"",
+        "pod=\"client\"",
+    ];
+    let statuses = |status: &str| {
+        metric_sum(
+            &metrics,
+            "outbound_grpc_route_request_statuses_total",
+            &[&route[..], &[status]].concat(),
+        )
+    };
+    assert!(statuses("status=\"0\"") >= 2, "{metrics}");
+    assert!(statuses("status=\"14\"") >= 1, "{metrics}");
+    assert!(
+        metric_sum(
+            &metrics,
+            "outbound_grpc_route_retry_successes_total",
+            &route
+        ) >= 2,
+        "{metrics}"
+    );
+    assert!(
+        metric_sum(
+            &metrics,
+            "outbound_grpc_route_retry_limit_exceeded_total",
+            &route
+        ) >= 1,
+        "{metrics}"
+    );
+    assert_eq!(
+        metric_sum(
+            &metrics,
+            "outbound_http_route_request_statuses_total",
+            &["route_name=\"certify\""]
+        ),
+        0,
+        "{metrics}"
+    );
+    std::mem::forget(server);
+    let Mesh { t, cp, a, b, .. } = m;
+    a.stop().await;
+    b.stop().await;
+    cp.stop().await;
     drop(t);
 }
