@@ -8,6 +8,7 @@
 //!   200 (the counts are per server, and visible to the test);
 //! - `x-test-delay-ms: N` — after N milliseconds;
 //! - `x-test-early: 1` — without reading the request's body (which may still be coming);
+//! - `x-test-stall-ms: N` — its body's first line at once, the rest N milliseconds later;
 //! - otherwise with the status the test set on the server ([`Seen::set_status`]), or 200.
 //!
 //! A 200's body names the server, the size of the request body it read, and the request's
@@ -75,6 +76,10 @@ pub async fn serve(netns: &Netns, port: u16, name: &'static str) -> Seen {
     seen
 }
 
+fn header_value(v: &Option<String>) -> u64 {
+    v.as_deref().and_then(|v| v.parse().ok()).unwrap_or(0)
+}
+
 fn header<'a>(req: &'a http::Request<hyper::body::Incoming>, name: &str) -> Option<&'a str> {
     req.headers().get(name).and_then(|v| v.to_str().ok())
 }
@@ -83,7 +88,7 @@ async fn answer(
     req: http::Request<hyper::body::Incoming>,
     name: &str,
     seen: &Seen,
-) -> http::Response<Full<Bytes>> {
+) -> http::Response<ClientBody> {
     let key = header(&req, "x-test-key").unwrap_or("").to_string();
     let n = {
         let mut m = seen.by_key.lock().unwrap();
@@ -105,6 +110,7 @@ async fn answer(
         .and_then(|v| v.parse().ok())
         .unwrap_or(0);
     let early = header(&req, "x-test-early").is_some();
+    let stall_ms = header(&req, "x-test-stall-ms").map(str::to_string);
     let mut text = format!("{name}\n");
     for (k, v) in req.headers() {
         text.push_str(&format!("{k}: {}\n", v.to_str().unwrap_or("?")));
@@ -116,7 +122,24 @@ async fn answer(
     if delay > 0 {
         tokio::time::sleep(Duration::from_millis(delay)).await;
     }
-    let mut resp = http::Response::new(Full::new(Bytes::from(text)));
+    let stall: u64 = header_value(&stall_ms);
+    let body = if stall > 0 {
+        let parts = [Bytes::from(format!("{name}\n")), Bytes::from(text)];
+        let frames = futures::stream::unfold(0usize, move |i| {
+            let part = parts.get(i).cloned();
+            async move {
+                let part = part?;
+                if i > 0 {
+                    tokio::time::sleep(Duration::from_millis(stall)).await;
+                }
+                Some((Ok(hyper::body::Frame::data(part)), i + 1))
+            }
+        });
+        BodyExt::boxed(http_body_util::StreamBody::new(frames))
+    } else {
+        Full::new(Bytes::from(text)).boxed()
+    };
+    let mut resp = http::Response::new(body);
     *resp.status_mut() = http::StatusCode::from_u16(status).unwrap();
     resp.headers_mut()
         .insert("x-served-by", http::HeaderValue::from_str(name).unwrap());
@@ -202,6 +225,16 @@ impl Client {
         headers: &[(&str, &str)],
         body: ClientBody,
     ) -> Reply {
+        self.exchange(method, path, headers, body).await.unwrap()
+    }
+
+    async fn exchange(
+        &mut self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: ClientBody,
+    ) -> Result<Reply, String> {
         let mut b = http::Request::builder()
             .method(method)
             .uri(path)
@@ -211,17 +244,36 @@ impl Client {
         }
         self.send.ready().await.unwrap();
         let resp = self.send.send_request(b.body(body).unwrap()).await.unwrap();
-        let (parts, body) = resp.into_parts();
-        let body = body.collect().await.unwrap().to_bytes();
-        Reply {
+        let (parts, mut body) = resp.into_parts();
+        let mut got = Vec::new();
+        while let Some(frame) = body.frame().await {
+            match frame {
+                Ok(f) => got.extend_from_slice(f.data_ref().map_or(&[][..], |d| &d[..])),
+                Err(e) => {
+                    return Err(format!(
+                        "{} then {e:?} after {:?}",
+                        parts.status,
+                        String::from_utf8_lossy(&got)
+                    ))
+                }
+            }
+        }
+        Ok(Reply {
             status: parts.status.as_u16(),
             headers: parts.headers,
-            body: String::from_utf8_lossy(&body).into_owned(),
-        }
+            body: String::from_utf8_lossy(&got).into_owned(),
+        })
     }
 
     /// A GET of `path` with `headers`.
     pub async fn get(&mut self, path: &str, headers: &[(&str, &str)]) -> Reply {
         self.send("GET", path, headers, Bytes::new()).await
+    }
+
+    /// A GET of `path` with `headers`: the reply, or how its body failed (with the
+    /// status and what came before the failure).
+    pub async fn try_get(&mut self, path: &str, headers: &[(&str, &str)]) -> Result<Reply, String> {
+        self.exchange("GET", path, headers, Full::new(Bytes::new()).boxed())
+            .await
     }
 }

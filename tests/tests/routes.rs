@@ -84,7 +84,7 @@ fn cluster(t: &Topology, pool: &[&str]) -> String {
 const ROUTE: &str = "---
 apiVersion: gateway.networking.k8s.io/v1
 kind: HTTPRoute
-metadata: {name: web-routes, namespace: shop}
+metadata: {name: web-routes, namespace: shop, annotations: {timeout.ambit.dev/idle: 1s}}
 spec:
   parentRefs: [{group: core, kind: Service, name: web, port: 80}]
   rules:
@@ -361,6 +361,20 @@ async fn routes_split_retry_time_out_and_eject() {
     assert_eq!(r.status, 504, "{r:?}");
     let r = c.get("/slow", &[]).await;
     assert_eq!(r.status, 200, "{r:?}");
+    // The route's idle timeout (its annotation, 1 s): a response that stalls 3 s after
+    // its first line is cut off; one that pauses 200 ms is not.
+    let mut idle = m.client(WEB).await;
+    let e = idle
+        .try_get("/split", &[("x-test-stall-ms", "3000")])
+        .await
+        .unwrap_err();
+    assert!(e.starts_with("200 OK then"), "{e}");
+    let mut idle = m.client(WEB).await;
+    let r = idle
+        .try_get("/split", &[("x-test-stall-ms", "200")])
+        .await
+        .unwrap();
+    assert!(r.body.contains("body-bytes"), "{r:?}");
     let metrics = m.a.metrics().await;
     assert!(
         metric_sum(

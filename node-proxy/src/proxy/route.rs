@@ -107,6 +107,9 @@ impl Trying<'_> {
             }),
         };
         rule.response_headers.apply(resp.headers_mut());
+        if let Some(idle) = rule.timeouts.idle {
+            resp = resp.map(|b| body::idle_timeout(b, idle));
+        }
         metrics.finish(resp, error, retried)
     }
 
