@@ -74,6 +74,7 @@ pub fn default_port_policy(
         authorizations,
         audit,
         probe_paths: vec![],
+        routes: vec![],
     })
 }
 

@@ -132,6 +132,8 @@ fn pod_policy(
                 authorizations,
                 audit: winner.access_policy == "audit",
                 probe_paths: pod.probes.get(&port).cloned().unwrap_or_default(),
+                // Per-route authorization: not rendered yet.
+                routes: vec![],
             },
         );
     }

@@ -158,6 +158,7 @@ mod tests {
                 authorizations: vec![authz],
                 audit: false,
                 probe_paths: vec!["/healthz".into()],
+                routes: vec![],
             }],
             default: Some(pb::PortPolicy {
                 kind: "default".into(),
