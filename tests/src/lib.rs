@@ -8,12 +8,14 @@
 //! - [`cni`]: a CNI runtime's side: nodes, their CNI directories, pods wired by the real
 //!   plugins chained with `ambit-cni`.
 //! - [`netns`]: pods as network namespaces on a bridge, removed on drop; redirect rules.
+//! - [`policy`]: the policy stream read as a node proxy reads it, and its rules compared.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 pub mod cni;
 pub mod kube;
 pub mod netns;
+pub mod policy;
 pub mod testapp;
 
 use ambit_control::config::Config;

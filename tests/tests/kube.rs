@@ -6,7 +6,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure
 
 use ambit_e2e::cni::{Cluster, CniPod};
-use ambit_e2e::kube::{FakeKube, TokenIdentity};
+use ambit_e2e::kube::{FakeKube, ResourceType, Settings, TokenIdentity};
+use ambit_e2e::policy::{service_rules, watch_request};
 use ambit_e2e::{
     csr, http_get, http_server, metric_sum, node_token, raw_certify, ControlPlane, NodeProxy,
 };
@@ -458,13 +459,20 @@ async fn the_control_plane_is_ready_only_once_every_kind_has_listed() {
     cp.stop().await;
 }
 
+type PolicyStream = tonic::Streaming<ambit_api::proto::policy::Update>;
+
 /// The next policy update, within 10 s.
-async fn next_policy(
-    stream: &mut tonic::Streaming<ambit_api::proto::policy::Update>,
+async fn next_policy(stream: &mut PolicyStream) -> ambit_api::proto::policy::Update {
+    next_policy_within(stream, Duration::from_secs(10)).await
+}
+
+async fn next_policy_within(
+    stream: &mut PolicyStream,
+    limit: Duration,
 ) -> ambit_api::proto::policy::Update {
-    tokio::time::timeout(Duration::from_secs(10), stream.message())
+    tokio::time::timeout(limit, stream.message())
         .await
-        .expect("a policy update within 10 s")
+        .unwrap_or_else(|_| panic!("a policy update within {limit:?}"))
         .unwrap()
         .unwrap()
 }
@@ -478,14 +486,11 @@ async fn a_server_applied_to_the_api_server_reaches_the_policy_stream() {
     app(&fake);
     let (cp, _kubeconfig) = kube_control_plane(&fake, &[]).await;
     let mut client = InboundPolicyClient::new(cp.channel(&cp.policy_url()));
-    let mut req = tonic::Request::new(ambit_api::proto::policy::WatchRequest {
-        node: "node-a".into(),
-    });
-    req.metadata_mut().insert(
-        "authorization",
-        format!("Bearer {}", node_token("node-a")).parse().unwrap(),
-    );
-    let mut stream = client.watch(req).await.unwrap().into_inner();
+    let mut stream = client
+        .watch(watch_request("node-a", "node-a"))
+        .await
+        .unwrap()
+        .into_inner();
     let snapshot = next_policy(&mut stream).await;
     let pods: Vec<&str> = snapshot.pods.iter().map(|p| p.pod.as_str()).collect();
     assert_eq!(pods, ["shop/batch", "shop/cli"], "node-a's meshed pods");
@@ -539,5 +544,193 @@ async fn a_server_applied_to_the_api_server_reaches_the_policy_stream() {
         let delta = next_policy(&mut stream).await;
         cleared += delta.pods.iter().filter(|p| p.ports.is_empty()).count();
     }
+    cp.stop().await;
+}
+
+/// An HTTPRoute splitting web's port 80 between web-v1 and web-v2, retrying 503s.
+fn web_split(v1: u32, v2: u32) -> Value {
+    json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+    "metadata": {"name": "web-split", "namespace": "shop"},
+    "spec": {
+        "parentRefs": [{"group": "core", "kind": "Service", "name": "web", "port": 80}],
+        "rules": [{
+            "backendRefs": [{"name": "web-v1", "port": 80, "weight": v1},
+                            {"name": "web-v2", "port": 80, "weight": v2}],
+            "retry": {"codes": [503], "attempts": 2, "backoff": "50ms"},
+        }],
+    }})
+}
+
+/// The statuses of the fake's answers to lists of `plural`, in order.
+fn lists(fake: &FakeKube, plural: &str) -> Vec<u16> {
+    fake.request_log()
+        .iter()
+        .filter(|r| r.verb == "list" && r.resource == plural)
+        .map(|r| r.status)
+        .collect()
+}
+
+/// A node's policy stream, after its snapshot.
+async fn policy_stream(cp: &ControlPlane, node: &str) -> (PolicyStream, Vec<String>) {
+    use ambit_api::proto::policy::inbound_policy_client::InboundPolicyClient;
+    let mut client = InboundPolicyClient::new(cp.channel(&cp.policy_url()));
+    let mut stream = client
+        .watch(watch_request(node, node))
+        .await
+        .unwrap()
+        .into_inner();
+    let snapshot = next_policy(&mut stream).await;
+    assert!(snapshot.snapshot && !snapshot.more, "{snapshot:?}");
+    let services = snapshot
+        .services
+        .iter()
+        .map(|s| s.service.clone())
+        .collect();
+    (stream, services)
+}
+
+const WEB_SPLIT_90_10: &str =
+    "80 HTTPRoute/web-split [] [shop/web-v1:80@90,shop/web-v2:80@10] retry 2x 503-503 50ms t0";
+
+#[tokio::test]
+async fn routes_applied_to_the_api_server_reach_the_policy_stream_change_by_delta_and_leave_on_delete(
+) {
+    ambit_e2e::init_test_logging();
+    let fake = FakeKube::start().await;
+    install(&fake, &["node-a", "node-b"]);
+    app(&fake);
+    fake.apply(json!({"apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "rpc", "namespace": "shop"},
+        "spec": {"clusterIP": "10.96.0.12", "clusterIPs": ["10.96.0.12"],
+                 "ports": [{"name": "grpc", "port": 9090}]}}));
+    let (cp, _kubeconfig) = kube_control_plane(&fake, &[]).await;
+
+    // With Gateway API served, /ready came from the routes' first lists, not from a 404.
+    assert_eq!(http_get(cp.admin_addr, "/ready").await.0, 200);
+    assert_eq!(lists(&fake, "httproutes"), [200]);
+    assert_eq!(lists(&fake, "grpcroutes"), [200]);
+    let m = cp.metrics().await;
+    assert_eq!(metric(&m, "kube_watch_errors_total"), 0, "{m}");
+
+    let (mut stream, services) = policy_stream(&cp, "node-a").await;
+    assert!(services.is_empty(), "no routes yet: {services:?}");
+
+    // Through the watchers to every node: no client of web runs on node-a.
+    fake.apply(web_split(90, 10));
+    let delta = next_policy(&mut stream).await;
+    assert!(!delta.snapshot && delta.pods.is_empty(), "{delta:?}");
+    assert_eq!(service_rules(&delta, "shop/web"), [WEB_SPLIT_90_10]);
+    fake.apply(
+        json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "GRPCRoute",
+        "metadata": {"name": "rpc-canary", "namespace": "shop"},
+        "spec": {
+            "parentRefs": [{"group": "core", "kind": "Service", "name": "rpc", "port": 9090}],
+            "rules": [{"matches": [{"method": {"service": "shop.Cart"}}],
+                       "backendRefs": [{"name": "rpc-v2", "port": 9090}]}],
+        }}),
+    );
+    let delta = next_policy(&mut stream).await;
+    let names: Vec<&str> = delta.services.iter().map(|s| s.service.as_str()).collect();
+    assert_eq!(names, ["shop/rpc"], "{delta:?}");
+    assert_eq!(
+        service_rules(&delta, "shop/rpc"),
+        ["9090 GRPCRoute/rpc-canary [] [shop/rpc-v2:9090@1]  t0"]
+    );
+
+    // Changed: a delta with web only.
+    fake.apply(web_split(50, 50));
+    let delta = next_policy(&mut stream).await;
+    let names: Vec<&str> = delta.services.iter().map(|s| s.service.as_str()).collect();
+    assert_eq!(names, ["shop/web"], "{delta:?}");
+    assert_eq!(
+        service_rules(&delta, "shop/web"),
+        [WEB_SPLIT_90_10.replace("@90", "@50").replace("@10", "@50")]
+    );
+
+    // Deleted: web has no route left and is removed; rpc stays.
+    assert!(fake.delete("HTTPRoute", "shop", "web-split"));
+    let delta = next_policy(&mut stream).await;
+    assert!(delta.services.is_empty(), "{delta:?}");
+    assert_eq!(delta.removed_services, ["shop/web"]);
+    let m = cp.metrics().await;
+    assert_eq!(metric(&m, "kube_objects{kind=\"HTTPRoute\"}"), 0, "{m}");
+    assert_eq!(metric(&m, "kube_objects{kind=\"GRPCRoute\"}"), 1, "{m}");
+    assert_eq!(metric(&m, "policy_routed_services"), 1, "{m}");
+    assert_eq!(metric(&m, "kube_watch_errors_total"), 0, "{m}");
+    cp.stop().await;
+}
+
+#[tokio::test]
+async fn without_gateway_apis_crds_the_control_plane_is_ready_and_routes_come_once_they_are_installed(
+) {
+    ambit_e2e::init_test_logging();
+    let fake = FakeKube::start_with(Settings {
+        gateway_api: false,
+        ..Settings::default()
+    })
+    .await;
+    install(&fake, &["node-a", "node-b"]);
+    app(&fake);
+    // Ready although every list of the routes answered 404: they count as empty.
+    let (cp, _kubeconfig) = kube_control_plane(&fake, &[]).await;
+    for plural in ["httproutes", "grpcroutes"] {
+        let statuses = lists(&fake, plural);
+        assert!(
+            !statuses.is_empty() && statuses.iter().all(|s| *s == 404),
+            "{plural}: {statuses:?}"
+        );
+    }
+    let m = cp.metrics().await;
+    assert!(
+        metric(&m, "kube_watch_errors_total{kind=\"HTTPRoute\"}") >= 1,
+        "{m}"
+    );
+    assert_eq!(metric(&m, "kube_objects{kind=\"HTTPRoute\"}"), 0, "{m}");
+    let (mut stream, services) = policy_stream(&cp, "node-a").await;
+    assert!(services.is_empty(), "{services:?}");
+
+    // The CRDs installed and a route applied: kube-rs's backoff retries the list (0.8 s,
+    // doubling), so it arrives without a restart.
+    for ty in ResourceType::gateway() {
+        fake.register(ty);
+    }
+    fake.apply(web_split(90, 10));
+    let delta = next_policy_within(&mut stream, Duration::from_secs(30)).await;
+    assert_eq!(service_rules(&delta, "shop/web"), [WEB_SPLIT_90_10]);
+    assert_eq!(lists(&fake, "httproutes").last(), Some(&200));
+    let m = cp.metrics().await;
+    assert_eq!(metric(&m, "kube_objects{kind=\"HTTPRoute\"}"), 1, "{m}");
+    assert_eq!(http_get(cp.admin_addr, "/ready").await.0, 200);
+    cp.stop().await;
+}
+
+#[tokio::test]
+async fn a_served_route_kind_the_control_plane_may_not_list_holds_ready_unlike_a_missing_crd() {
+    ambit_e2e::init_test_logging();
+    let fake = FakeKube::start().await;
+    install(&fake, &["node-a"]);
+    // The CRDs are installed but the control plane's ClusterRole lacks the routes: a 403
+    // is waited out as for any kind, not taken for "no CRD".
+    fake.forbid("httproutes");
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    fake.kubeconfig(&kubeconfig);
+    let start = tokio::spawn(async move { ControlPlane::start_kube(&kubeconfig, &[]).await });
+    eventually("a list of the routes refused", || async {
+        lists(&fake, "httproutes").contains(&403)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(!start.is_finished(), "ready without the routes' first list");
+    assert!(lists(&fake, "grpcroutes").contains(&200));
+    // The rule granted: kube-rs's next try lists them and the control plane is ready.
+    fake.allow("httproutes");
+    let cp = start.await.unwrap();
+    assert_eq!(lists(&fake, "httproutes").last(), Some(&200));
+    let m = cp.metrics().await;
+    assert!(
+        metric(&m, "kube_watch_errors_total{kind=\"HTTPRoute\"}") >= 1,
+        "{m}"
+    );
     cp.stop().await;
 }

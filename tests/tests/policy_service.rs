@@ -9,7 +9,8 @@
 
 use ambit_api::proto::policy::inbound_policy_client::InboundPolicyClient;
 use ambit_api::proto::policy::{PodPolicy, Update, WatchRequest};
-use ambit_e2e::{metric_sum, node_token, ControlPlane, NAMESPACES};
+use ambit_e2e::policy::{service_rules, watch_request};
+use ambit_e2e::{metric_sum, ControlPlane, NAMESPACES};
 use std::time::Duration;
 use tonic::Streaming;
 
@@ -53,15 +54,6 @@ spec: {identities: ['spiffe://cluster.local/ns/shop/sa/cli']}
 
 fn cluster(policy: &str) -> String {
     format!("{NAMESPACES}{}{policy}", pods())
-}
-
-fn watch(node: &str, token_of: &str) -> tonic::Request<WatchRequest> {
-    let mut req = tonic::Request::new(WatchRequest { node: node.into() });
-    req.metadata_mut().insert(
-        "authorization",
-        format!("Bearer {}", node_token(token_of)).parse().unwrap(),
-    );
-    req
 }
 
 async fn next(stream: &mut Streaming<Update>) -> Update {
@@ -109,7 +101,7 @@ async fn a_node_gets_its_own_meshed_pods_servers_then_a_delta_when_the_yaml_chan
     let cp = ControlPlane::start(&cluster(POLICY), &["node-a", "node-b"]).await;
     let mut client = InboundPolicyClient::new(cp.channel(&cp.policy_url()));
     let mut stream = client
-        .watch(watch("node-a", "node-a"))
+        .watch(watch_request("node-a", "node-a"))
         .await
         .unwrap()
         .into_inner();
@@ -206,7 +198,10 @@ async fn another_nodes_token_is_refused_and_a_policy_that_does_not_resolve_allow
     let cp = ControlPlane::start(&cluster(&broken), &["node-a", "node-b"]).await;
     let mut client = InboundPolicyClient::new(cp.channel(&cp.policy_url()));
 
-    let refused = client.watch(watch("node-b", "node-a")).await.unwrap_err();
+    let refused = client
+        .watch(watch_request("node-b", "node-a"))
+        .await
+        .unwrap_err();
     assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{refused:?}");
     assert!(
         refused.message().contains("belongs to node node-a"),
@@ -223,7 +218,7 @@ async fn another_nodes_token_is_refused_and_a_policy_that_does_not_resolve_allow
 
     // node-b's own token: its pod, whose Server allows nobody (from-cli is skipped).
     let mut stream = client
-        .watch(watch("node-b", "node-b"))
+        .watch(watch_request("node-b", "node-b"))
         .await
         .unwrap()
         .into_inner();
@@ -288,54 +283,6 @@ spec:
     backendRefs: [{name: web-v2, port: 80}]
 ";
 
-/// A Service's rules as the tests compare them: (kind/name, headers matched, backends
-/// as service:port@weight, retry limit and statuses, request timeout).
-fn service_rules(u: &Update, service: &str) -> Vec<String> {
-    let s = u
-        .services
-        .iter()
-        .find(|s| s.service == service)
-        .unwrap_or_else(|| panic!("{service} in {u:?}"));
-    s.ports
-        .iter()
-        .flat_map(|p| p.rules.iter().map(move |r| (p.port, r)))
-        .map(|(port, r)| {
-            let m = r.r#match.clone().unwrap_or_default();
-            let headers: Vec<String> = m.headers.iter().map(|h| h.name.clone()).collect();
-            let backends: Vec<String> = r
-                .backends
-                .iter()
-                .map(|b| format!("{}:{}@{}", b.service, b.port, b.weight))
-                .collect();
-            let retry = r
-                .retry
-                .as_ref()
-                .map(|r| {
-                    let statuses: Vec<String> = r
-                        .http_statuses
-                        .iter()
-                        .map(|s| format!("{}-{}", s.min, s.max))
-                        .collect();
-                    format!(
-                        "retry {}x {} {}ms",
-                        r.limit,
-                        statuses.join(","),
-                        r.backoff_ms
-                    )
-                })
-                .unwrap_or_default();
-            let timeout = r.timeouts.map(|t| t.request_ms).unwrap_or_default();
-            format!(
-                "{port} {}/{} [{}] [{}] {retry} t{timeout}",
-                r.route_kind,
-                r.route_name,
-                headers.join(","),
-                backends.join(",")
-            )
-        })
-        .collect()
-}
-
 #[tokio::test]
 async fn routes_reach_every_node_in_precedence_order_then_as_deltas_of_the_changed_services() {
     ambit_e2e::init_test_logging();
@@ -346,7 +293,7 @@ async fn routes_reach_every_node_in_precedence_order_then_as_deltas_of_the_chang
     .await;
     let mut client = InboundPolicyClient::new(cp.channel(&cp.policy_url()));
     let mut stream = client
-        .watch(watch("node-b", "node-b"))
+        .watch(watch_request("node-b", "node-b"))
         .await
         .unwrap()
         .into_inner();

@@ -19,7 +19,7 @@
 //! [`FakeKube::apply`] and [`FakeKube::delete`]), subresources other than a `GET` through
 //! pods/proxy, protobuf, discovery
 //! (`/api`, `/apis`), finalizers and graceful deletion, RBAC (one caller token is
-//! allowed everything), admission defaults.
+//! allowed everything, but for the resources a test forbids), admission defaults.
 
 mod list;
 mod proxy;
@@ -42,7 +42,7 @@ pub use tokenreview::{
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::{json, Value};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -59,6 +59,10 @@ pub struct Settings {
     pub bookmark_interval: Duration,
     /// The bearer token every caller must present.
     pub control_token: String,
+    /// Whether Gateway API's route CRDs are installed ([`ResourceType::gateway`]); without
+    /// them their paths answer 404, as on a cluster without them, until
+    /// [`FakeKube::register`] installs them.
+    pub gateway_api: bool,
 }
 
 impl Default for Settings {
@@ -66,6 +70,7 @@ impl Default for Settings {
         Self {
             bookmark_interval: Duration::from_secs(1),
             control_token: "fake-kube-control-plane-token".into(),
+            gateway_api: true,
         }
     }
 }
@@ -90,6 +95,8 @@ pub struct RequestRecord {
 pub(crate) struct Shared {
     store: Mutex<Store>,
     tokens: Mutex<HashMap<String, TokenIdentity>>,
+    /// Resources (plurals) every request for is answered 403, as RBAC would.
+    forbidden: Mutex<HashSet<String>>,
     requests: Mutex<Vec<RequestRecord>>,
     token_reviews: AtomicUsize,
     bookmarks: AtomicUsize,
@@ -106,6 +113,13 @@ pub(crate) struct Shared {
 impl Shared {
     fn lock_store(&self) -> MutexGuard<'_, Store> {
         self.store.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn is_forbidden(&self, resource: &str) -> bool {
+        self.forbidden
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(resource)
     }
 
     fn record(&self, request: RequestRecord) {
@@ -136,9 +150,16 @@ impl FakeKube {
         let (ca_pem, tls) = tls::server_config();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
+        let mut store = Store::new();
+        if settings.gateway_api {
+            for ty in ResourceType::gateway() {
+                store.register(ty);
+            }
+        }
         let shared = Arc::new(Shared {
-            store: Mutex::new(Store::new()),
+            store: Mutex::new(store),
             tokens: Mutex::default(),
+            forbidden: Mutex::default(),
             requests: Mutex::default(),
             token_reviews: AtomicUsize::new(0),
             bookmarks: AtomicUsize::new(0),
@@ -216,7 +237,8 @@ impl FakeKube {
         ::kube::Client::try_from(config).unwrap()
     }
 
-    /// Serves one more kind (a CRD's, or HTTPRoute's).
+    /// Serves one more kind, as installing its CRD does (clients that got 404 for it find
+    /// it on their next request).
     pub fn register(&self, ty: ResourceType) {
         self.shared.lock_store().register(ty);
     }
@@ -336,6 +358,25 @@ impl FakeKube {
         let identity = TokenIdentity::of_pod(&self.shared.lock_store(), namespace, pod, audiences);
         self.add_token(token, identity.clone());
         identity
+    }
+
+    /// Answers every request for `resource` (a plural: `httproutes`) 403 Forbidden, as a
+    /// caller's missing RBAC rule would, until [`Self::allow`].
+    pub fn forbid(&self, resource: &str) {
+        self.shared
+            .forbidden
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(resource.into());
+    }
+
+    /// Serves `resource` again after [`Self::forbid`].
+    pub fn allow(&self, resource: &str) {
+        self.shared
+            .forbidden
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(resource);
     }
 
     /// Forgets `token` (reviews of it fail from now on).

@@ -49,7 +49,8 @@ impl ResourceType {
     }
 
     /// The kinds every fake serves: the built-in ones the control plane reads, with the
-    /// field selectors the API server has for them, and [`Self::policy`].
+    /// field selectors the API server has for them, and [`Self::policy`]. Gateway API's
+    /// routes ([`Self::gateway`]) are optional: `Settings::gateway_api`.
     pub fn defaults() -> Vec<Self> {
         vec![
             Self::builtin("", "Namespace", "namespaces", false, &["status.phase"]),
@@ -103,6 +104,16 @@ impl ResourceType {
         .into_iter()
         .map(|(kind, plural)| Self::new("policy.ambit.dev", "v1alpha1", kind, plural, true))
         .collect()
+    }
+
+    /// Gateway API's route kinds (`gateway.networking.k8s.io/v1`, as its standard channel
+    /// or the ambit-crds chart's `installGatewayAPI` installs them): the ones the control
+    /// plane reads. A cluster may not have them, so a fake may leave them out.
+    pub fn gateway() -> Vec<Self> {
+        [("HTTPRoute", "httproutes"), ("GRPCRoute", "grpcroutes")]
+            .into_iter()
+            .map(|(kind, plural)| Self::new("gateway.networking.k8s.io", "v1", kind, plural, true))
+            .collect()
     }
 
     /// `v1` or `group/version`.

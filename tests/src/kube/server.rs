@@ -93,9 +93,11 @@ async fn handle(shared: &Arc<Shared>, req: Request<Incoming>) -> Response<Body> 
         .and_then(|v| v.strip_prefix("Bearer "))
         .is_some_and(|t| t == shared.settings.control_token);
     let route = route(&shared.lock_store(), req.uri().path());
-    let (verb, resource) = describe(shared, &method, &route, &query);
+    let (verb, resource) = describe(shared, &method, &route, req.uri().path(), &query);
     let response = if !authorized {
         failure(&Failure::unauthorized())
+    } else if shared.is_forbidden(&resource) {
+        failure(&Failure::forbidden(&verb, &resource))
     } else {
         match (route, method.clone()) {
             (Some(Route::Version), Method::GET) => whole(200, &version()),
@@ -138,13 +140,21 @@ async fn handle(shared: &Arc<Shared>, req: Request<Incoming>) -> Response<Body> 
     response
 }
 
-/// The API server's verb and resource for a request, as its audit log names them.
+/// The API server's verb and resource for a request, as its audit log names them (also
+/// for a resource this server does not have: a kind whose CRD is not installed).
 fn describe(
     shared: &Shared,
     method: &Method,
     route: &Option<Route>,
+    path: &str,
     query: &HashMap<String, String>,
 ) -> (String, String) {
+    let watch = matches!(query.get("watch").map(String::as_str), Some("true" | "1"));
+    let objects_verb = |named: bool| match (named, watch) {
+        (true, _) => "get",
+        (false, true) => "watch",
+        (false, false) => "list",
+    };
     let (verb, resource) = match (route, method) {
         (Some(Route::TokenReviews), _) => ("create", "tokenreviews".to_string()),
         (Some(Route::Version), _) => ("get", "version".to_string()),
@@ -152,57 +162,78 @@ fn describe(
             if m == Method::GET { "get" } else { "other" },
             "pods/proxy".to_string(),
         ),
-        (Some(Route::Objects { kind, name, .. }), &Method::GET) => {
-            let plural = shared.lock_store().ty(*kind).plural.clone();
-            let watch = matches!(query.get("watch").map(String::as_str), Some("true" | "1"));
-            let verb = match (name, watch) {
-                (Some(_), _) => "get",
-                (None, true) => "watch",
-                (None, false) => "list",
-            };
-            (verb, plural)
-        }
+        (Some(Route::Objects { kind, name, .. }), &Method::GET) => (
+            objects_verb(name.is_some()),
+            shared.lock_store().ty(*kind).plural.clone(),
+        ),
         (Some(Route::Objects { kind, .. }), _) => {
             ("other", shared.lock_store().ty(*kind).plural.clone())
         }
-        (None, _) => ("unknown", String::new()),
+        (None, m) => match ObjectPath::parse(path) {
+            Some(p) if m == Method::GET => (objects_verb(p.name.is_some()), p.plural.into()),
+            _ => ("unknown", String::new()),
+        },
     };
     (verb.to_string(), resource)
 }
 
-/// `/api/v1/...` and `/apis/<group>/<version>/...`.
+/// A path that names objects, served or not: `/api/v1/[namespaces/NS/]PLURAL[/NAME]` or
+/// `/apis/GROUP/VERSION/[namespaces/NS/]PLURAL[/NAME]`.
+struct ObjectPath<'a> {
+    group: &'a str,
+    version: &'a str,
+    namespace: Option<&'a str>,
+    plural: &'a str,
+    name: Option<&'a str>,
+}
+
+impl<'a> ObjectPath<'a> {
+    fn parse(path: &'a str) -> Option<Self> {
+        let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
+        let (group, version, rest) = match segments[..] {
+            ["api", version, ref rest @ ..] => ("", version, rest),
+            ["apis", group, version, ref rest @ ..] => (group, version, rest),
+            _ => return None,
+        };
+        let (namespace, plural, name) = match *rest {
+            ["namespaces", ns, plural] => (Some(ns), plural, None),
+            ["namespaces", ns, plural, name] => (Some(ns), plural, Some(name)),
+            [plural] => (None, plural, None),
+            [plural, name] => (None, plural, Some(name)),
+            _ => return None,
+        };
+        Some(Self {
+            group,
+            version,
+            namespace,
+            plural,
+            name,
+        })
+    }
+}
+
+/// `/version`, pods/proxy, TokenReviews, and the objects of the kinds the store serves.
 fn route(store: &Store, path: &str) -> Option<Route> {
     if let Some(target) = PodProxy::parse(path) {
         return Some(Route::PodProxy(target));
     }
-    let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
-    let (group, version, rest) = match segments[..] {
-        ["version"] => return Some(Route::Version),
-        ["api", version, ref rest @ ..] => ("", version, rest),
-        ["apis", group, version, ref rest @ ..] => (group, version, rest),
-        _ => return None,
-    };
-    if (group, version, rest) == ("authentication.k8s.io", "v1", &["tokenreviews"][..]) {
-        return Some(Route::TokenReviews);
+    match path.trim_matches('/') {
+        "version" => return Some(Route::Version),
+        "apis/authentication.k8s.io/v1/tokenreviews" => return Some(Route::TokenReviews),
+        _ => {}
     }
-    let (namespace, plural, name) = match rest {
-        ["namespaces", ns, plural] => (Some(*ns), *plural, None),
-        ["namespaces", ns, plural, name] => (Some(*ns), *plural, Some(*name)),
-        [plural] => (None, *plural, None),
-        [plural, name] => (None, *plural, Some(*name)),
-        _ => return None,
-    };
-    let kind = store.find(group, version, plural)?;
-    if namespace.is_some() && !store.ty(kind).namespaced {
+    let p = ObjectPath::parse(path)?;
+    let kind = store.find(p.group, p.version, p.plural)?;
+    if p.namespace.is_some() && !store.ty(kind).namespaced {
         return None;
     }
-    if name.is_some() && namespace.is_none() && store.ty(kind).namespaced {
+    if p.name.is_some() && p.namespace.is_none() && store.ty(kind).namespaced {
         return None;
     }
     Some(Route::Objects {
         kind,
-        namespace: namespace.map(String::from),
-        name: name.map(String::from),
+        namespace: p.namespace.map(String::from),
+        name: p.name.map(String::from),
     })
 }
 

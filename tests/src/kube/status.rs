@@ -24,6 +24,15 @@ impl Failure {
         Self::new(401, "Unauthorized", "Unauthorized")
     }
 
+    /// 403 `Forbidden`, as RBAC refuses a caller `verb` on `resource`.
+    pub fn forbidden(verb: &str, resource: &str) -> Self {
+        Self::new(
+            403,
+            "Forbidden",
+            format!("{resource} is forbidden: cannot {verb} resource \"{resource}\""),
+        )
+    }
+
     /// 404 `NotFound` for an object.
     pub fn not_found(plural: &str, name: &str) -> Self {
         Self::new(404, "NotFound", format!("{plural} \"{name}\" not found"))
