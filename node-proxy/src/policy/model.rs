@@ -4,6 +4,7 @@
 //! of it could widen what a pod accepts (a Server's port falling back to a more permissive
 //! default).
 
+use super::routes::{Matcher, RequestParts};
 use ambit_api::proto::policy as pb;
 use std::collections::HashMap;
 use std::fmt;
@@ -160,6 +161,79 @@ pub struct PortPolicy {
     pub audit: bool,
     /// Paths of the kubelet's probes on this port: a plaintext GET of one is allowed.
     pub probe_paths: Vec<String>,
+    /// Per-route authorization: the routes of the port's Server (empty: none).
+    pub routes: InboundRoutes,
+}
+
+/// A route of a Server (an HTTPRoute or GRPCRoute rule's match) and who may use it.
+#[derive(Clone, Debug)]
+pub struct InboundRoute {
+    /// For metrics (`route_kind`, `route_name`).
+    pub kind: String,
+    pub name: String,
+    matcher: Option<Matcher>,
+    /// Allowed on this route besides the Server's authorizations.
+    pub authorizations: Vec<Authorization>,
+}
+
+/// A port's routes, in precedence order; compared by what the control plane sent (a
+/// compiled regex has no equality).
+#[derive(Clone, Debug, Default)]
+pub struct InboundRoutes {
+    pub(crate) source: Vec<pb::InboundRoute>,
+    routes: Arc<Vec<InboundRoute>>,
+}
+
+impl PartialEq for InboundRoutes {
+    fn eq(&self, other: &Self) -> bool {
+        self.source == other.source
+    }
+}
+
+// No floating-point fields in an InboundRoute: equality is an equivalence.
+impl Eq for InboundRoutes {}
+
+impl InboundRoutes {
+    pub(crate) fn from_pb(routes: &[pb::InboundRoute]) -> Result<Self, String> {
+        let parsed = routes
+            .iter()
+            .map(|r| {
+                let what = format!("{} {}", r.kind, r.name);
+                Ok(InboundRoute {
+                    kind: r.kind.clone(),
+                    name: r.name.clone(),
+                    matcher: r
+                        .r#match
+                        .as_ref()
+                        .map(Matcher::from_pb)
+                        .transpose()
+                        .map_err(|e| format!("{what}: {e}"))?,
+                    authorizations: r
+                        .authorizations
+                        .iter()
+                        .map(authorization)
+                        .collect::<Result<_, _>>()
+                        .map_err(|e| format!("{what}: {e}"))?,
+                })
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        Ok(Self {
+            source: routes.to_vec(),
+            routes: Arc::new(parsed),
+        })
+    }
+
+    /// Whether the port has routes.
+    pub fn is_empty(&self) -> bool {
+        self.routes.is_empty()
+    }
+
+    /// The first route `req` matches.
+    pub fn select(&self, req: &RequestParts<'_>) -> Option<&InboundRoute> {
+        self.routes
+            .iter()
+            .find(|r| r.matcher.as_ref().is_none_or(|m| m.matches(req)))
+    }
 }
 
 /// The outcome of a check.
@@ -171,12 +245,14 @@ pub enum Verdict {
     Audit,
     /// Denied.
     Deny,
+    /// The port's Server has routes and the request matches none (HTTP 404).
+    NoRoute,
 }
 
 impl Verdict {
     /// Whether the connection or request goes on.
     pub fn allowed(&self) -> bool {
-        !matches!(self, Verdict::Deny)
+        !matches!(self, Verdict::Deny | Verdict::NoRoute)
     }
 }
 
@@ -190,19 +266,55 @@ impl PortPolicy {
                 name: a.name.clone(),
             };
         }
-        let is_probe = client.identity.is_none()
-            && probe.is_some_and(|p| self.probe_paths.iter().any(|q| path_of(p) == q));
-        if is_probe {
-            return Verdict::Allow {
-                kind: "probe".into(),
-                name: "probe".into(),
-            };
+        if let Some(v) = self.check_probe(client, probe) {
+            return v;
         }
         if self.audit {
             Verdict::Audit
         } else {
             Verdict::Deny
         }
+    }
+
+    /// Checks an HTTP request `req`: with routes, the first route it matches — whose
+    /// authorizations allow it besides the port's — or, when none matches, `NoRoute`; a
+    /// probe path passes either way. Also returns the route (kind, name) for metrics.
+    pub fn check_request(
+        &self,
+        client: &Client<'_>,
+        req: &RequestParts<'_>,
+        probe: Option<&str>,
+    ) -> (Verdict, Option<(&str, &str)>) {
+        if self.routes.is_empty() {
+            return (self.check(client, probe), None);
+        }
+        let Some(route) = self.routes.select(req) else {
+            let verdict = match self.check_probe(client, probe) {
+                Some(v) => v,
+                None => Verdict::NoRoute,
+            };
+            return (verdict, None);
+        };
+        let named = Some((route.kind.as_str(), route.name.as_str()));
+        if let Some(a) = route.authorizations.iter().find(|a| a.matches(client)) {
+            let v = Verdict::Allow {
+                kind: a.kind.clone(),
+                name: a.name.clone(),
+            };
+            return (v, named);
+        }
+        (self.check(client, probe), named)
+    }
+
+    /// `Allow` of kind `probe` when `probe` is a plaintext GET of one of the port's probe
+    /// paths.
+    fn check_probe(&self, client: &Client<'_>, probe: Option<&str>) -> Option<Verdict> {
+        let is_probe = client.identity.is_none()
+            && probe.is_some_and(|p| self.probe_paths.iter().any(|q| path_of(p) == q));
+        is_probe.then(|| Verdict::Allow {
+            kind: "probe".into(),
+            name: "probe".into(),
+        })
     }
 
     /// The policy a proxy applies on its own: before the control plane's first snapshot,
@@ -278,6 +390,8 @@ fn port_policy(p: &pb::PortPolicy) -> Result<PortPolicy, String> {
         authorizations,
         audit: p.audit,
         probe_paths: p.probe_paths.clone(),
+        routes: InboundRoutes::from_pb(&p.routes)
+            .map_err(|e| format!("{} {}: {e}", p.kind, p.name))?,
     })
 }
 

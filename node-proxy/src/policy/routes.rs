@@ -222,8 +222,8 @@ impl Rule {
 }
 
 /// A request match: every part present must match.
-#[derive(Debug)]
-struct Matcher {
+#[derive(Clone, Debug)]
+pub(crate) struct Matcher {
     path: Option<PathMatch>,
     headers: Vec<(HeaderName, ValueMatch)>,
     query: Vec<(String, ValueMatch)>,
@@ -232,14 +232,14 @@ struct Matcher {
     grpc: Option<(String, String)>,
 }
 
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 enum PathMatch {
     Exact(String),
     Prefix(String),
     Regex(Regex),
 }
 
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 enum ValueMatch {
     Exact(String),
     Regex(Regex),
@@ -268,7 +268,7 @@ fn whole(r: &str) -> Result<Regex, String> {
 }
 
 impl Matcher {
-    fn from_pb(m: &pb::RequestMatch) -> Result<Self, String> {
+    pub(crate) fn from_pb(m: &pb::RequestMatch) -> Result<Self, String> {
         let path = match m.path.as_ref().and_then(|p| p.kind.as_ref()) {
             None => None,
             Some(pb::path_match::Kind::Exact(p)) => Some(PathMatch::Exact(p.clone())),
@@ -316,7 +316,7 @@ impl Matcher {
         })
     }
 
-    fn matches(&self, req: &RequestParts<'_>) -> bool {
+    pub(crate) fn matches(&self, req: &RequestParts<'_>) -> bool {
         let path_ok = match &self.path {
             None => true,
             Some(PathMatch::Exact(p)) => req.path == p,

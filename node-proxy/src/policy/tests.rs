@@ -1,6 +1,9 @@
 //! Matching: identities, networks with `except`, every default policy, probes, audit.
 
+use super::model::InboundRoutes;
+use super::routes::RequestParts;
 use super::*;
+use ambit_api::proto::policy as pb;
 
 const TD: &str = "spiffe://cluster.local";
 
@@ -159,4 +162,149 @@ fn probes_pass_a_deny_policy_only_as_plaintext_gets_of_their_paths() {
         Verdict::Deny
     );
     assert_eq!(p.check(&client(None, "10.0.0.1"), None), Verdict::Deny);
+}
+
+/// A Server port's policy allowing `web` everywhere, with two routes: `/admin` (allowed to
+/// `ops` as well) and `/` (nothing more); `/healthz` probed.
+fn routed_port() -> PortPolicy {
+    let exact = |id: &str| pb::Authorization {
+        kind: "authorizationpolicy".into(),
+        name: id.into(),
+        mesh_tls: Some(pb::MeshTls {
+            any: false,
+            identities: vec![pb::IdentityPattern {
+                pattern: Some(pb::identity_pattern::Pattern::Exact(format!(
+                    "{TD}/ns/shop/sa/{id}"
+                ))),
+            }],
+        }),
+        networks: vec![],
+    };
+    let route = |name: &str, prefix: &str, authz: Vec<pb::Authorization>| pb::InboundRoute {
+        kind: "HTTPRoute".into(),
+        name: name.into(),
+        r#match: Some(pb::RequestMatch {
+            path: Some(pb::PathMatch {
+                kind: Some(pb::path_match::Kind::Prefix(prefix.into())),
+            }),
+            method: if prefix == "/" {
+                String::new()
+            } else {
+                "GET".into()
+            },
+            ..Default::default()
+        }),
+        authorizations: authz,
+    };
+    let pod = pb::PodPolicy {
+        pod: "shop/api".into(),
+        ports: vec![pb::PortPolicy {
+            port: 8080,
+            kind: "server".into(),
+            name: "api".into(),
+            authorizations: vec![exact("web")],
+            probe_paths: vec!["/healthz".into()],
+            routes: vec![
+                route("admin", "/admin", vec![exact("ops")]),
+                route("rest", "/", vec![]),
+            ],
+            ..Default::default()
+        }],
+        default: Some(pb::PortPolicy {
+            kind: "default".into(),
+            name: "deny".into(),
+            ..Default::default()
+        }),
+    };
+    let p = PodPolicy::from_pb(&pod).unwrap();
+    (**p.port(8080)).clone()
+}
+
+fn req(method: &str, path: &str) -> http::Request<()> {
+    http::Request::builder()
+        .method(method)
+        .uri(path)
+        .body(())
+        .unwrap()
+}
+
+#[test]
+fn a_route_allows_its_own_clients_beside_the_servers_and_no_route_is_404() {
+    let p = routed_port();
+    let web = format!("{TD}/ns/shop/sa/web");
+    let ops = format!("{TD}/ns/shop/sa/ops");
+    let check = |id: &str, method: &str, path: &str| {
+        let (v, route) = p.check_request(
+            &client(Some(id), "10.0.0.1"),
+            &RequestParts::of(&req(method, path)),
+            None,
+        );
+        (v, route.map(|(_, n)| n.to_string()))
+    };
+    // ops: only on the admin route.
+    let (v, route) = check(&ops, "GET", "/admin/users");
+    assert_eq!(
+        v,
+        Verdict::Allow {
+            kind: "authorizationpolicy".into(),
+            name: "ops".into()
+        }
+    );
+    assert_eq!(route.as_deref(), Some("admin"));
+    assert_eq!(check(&ops, "GET", "/orders").0, Verdict::Deny);
+    // POST /admin is not the admin route (GET only): the catch-all, where ops is not let in.
+    let (v, route) = check(&ops, "POST", "/admin");
+    assert_eq!((v, route.as_deref()), (Verdict::Deny, Some("rest")));
+    // web: the Server's authorization, on every route.
+    assert!(check(&web, "GET", "/admin").0.allowed());
+    assert!(check(&web, "POST", "/orders").0.allowed());
+    // A connection (not a request) is judged by the Server's authorizations alone.
+    assert_eq!(
+        p.check(&client(Some(&ops), "10.0.0.1"), None),
+        Verdict::Deny
+    );
+}
+
+#[test]
+fn without_a_matching_route_a_request_is_no_route_but_probes_pass() {
+    let mut p = routed_port();
+    // Only the admin route left.
+    let pod = |routes: Vec<pb::InboundRoute>| pb::PortPolicy {
+        port: 8080,
+        kind: "server".into(),
+        name: "api".into(),
+        probe_paths: vec!["/healthz".into()],
+        routes,
+        ..Default::default()
+    };
+    let admin = p.routes.source[0].clone();
+    p.routes = InboundRoutes::from_pb(&pod(vec![admin]).routes).unwrap();
+    let web = format!("{TD}/ns/shop/sa/web");
+    let (v, route) = p.check_request(
+        &client(Some(&web), "10.0.0.1"),
+        &RequestParts::of(&req("GET", "/orders")),
+        None,
+    );
+    assert_eq!((v, route), (Verdict::NoRoute, None));
+    assert!(!Verdict::NoRoute.allowed());
+    // The kubelet's probe passes.
+    let (v, _) = p.check_request(
+        &client(None, "10.0.0.9"),
+        &RequestParts::of(&req("GET", "/healthz")),
+        Some("/healthz"),
+    );
+    assert!(v.allowed(), "{v:?}");
+    // A route whose match does not parse refuses the port's policy, by route.
+    let mut bad = p.routes.source[0].clone();
+    bad.r#match = Some(pb::RequestMatch {
+        path: Some(pb::PathMatch {
+            kind: Some(pb::path_match::Kind::Regex("(".into())),
+        }),
+        ..Default::default()
+    });
+    let e = InboundRoutes::from_pb(&[bad]).unwrap_err();
+    assert!(
+        e.contains("HTTPRoute admin") && e.contains("regular expression"),
+        "{e}"
+    );
 }

@@ -6,6 +6,7 @@
 
 use super::Shared;
 use crate::discovery::Workload;
+use crate::policy::routes::RequestParts;
 use crate::policy::{Client, PortPolicy, Verdict};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -36,6 +37,11 @@ pub struct AuthzLabels {
     pub authz_kind: String,
     /// Its name.
     pub authz_name: String,
+    /// The route the request took (`HTTPRoute`, `GRPCRoute`; empty without routes or for
+    /// a connection).
+    pub route_kind: String,
+    /// Its name.
+    pub route_name: String,
 }
 
 /// `inbound_{http,tcp}_authz_{allow,deny}_total`, `inbound_tcp_authz_terminate_total`.
@@ -120,8 +126,9 @@ pub fn pod_key(w: &Workload) -> String {
     format!("{}/{}", w.namespace, w.name)
 }
 
-/// Checks `client` against the policy of `port` of `w`, counts the decision and logs a
-/// denial (and an audited one); the verdict and the policy it came from.
+/// Checks `client` against the policy of `port` of `w` (a connection or CONNECT stream:
+/// the port's authorizations, not its routes), counts the decision and logs a denial (and
+/// an audited one); the verdict and the policy it came from.
 pub fn check(
     shared: &Shared,
     w: &Workload,
@@ -132,27 +139,49 @@ pub fn check(
 ) -> (Verdict, Arc<PortPolicy>) {
     let policy = shared.policy.borrow().port(&pod_key(w), port);
     let verdict = policy.check(client, probe);
-    record(shared, w, port, &policy, &verdict, proto);
-    if !matches!(verdict, Verdict::Allow { .. }) {
-        if let Some(suppressed) = DENY_LOGS.take() {
-            let audit = verdict == Verdict::Audit;
-            tracing::info!(
-                client = client.identity.unwrap_or("(no identity)"),
-                client_addr = %client.addr,
-                port,
-                srv = %format!("{}/{}", policy.kind, policy.name),
-                audit,
-                suppressed,
-                "{}",
-                if audit {
-                    "no authorization matched; allowed by audit"
-                } else {
-                    "denied by policy"
-                }
-            );
-        }
-    }
+    record(shared, w, port, &policy, &verdict, proto, None);
+    log(client, port, &policy, &verdict);
     (verdict, policy)
+}
+
+/// Checks an HTTP request `req` from `client` against the policy of `port` of `w` — its
+/// Server's routes, when it has some —, counts the decision and logs a denial.
+pub fn check_http<B>(
+    shared: &Shared,
+    w: &Workload,
+    port: u16,
+    client: &Client<'_>,
+    req: &http::Request<B>,
+    probe: Option<&str>,
+) -> Verdict {
+    let policy = shared.policy.borrow().port(&pod_key(w), port);
+    let (verdict, route) = policy.check_request(client, &RequestParts::of(req), probe);
+    record(shared, w, port, &policy, &verdict, Proto::Http, route);
+    log(client, port, &policy, &verdict);
+    verdict
+}
+
+fn log(client: &Client<'_>, port: u16, policy: &PortPolicy, verdict: &Verdict) {
+    if matches!(verdict, Verdict::Allow { .. }) {
+        return;
+    }
+    if let Some(suppressed) = DENY_LOGS.take() {
+        let audit = *verdict == Verdict::Audit;
+        tracing::info!(
+            client = client.identity.unwrap_or("(no identity)"),
+            client_addr = %client.addr,
+            port,
+            srv = %format!("{}/{}", policy.kind, policy.name),
+            audit,
+            suppressed,
+            "{}",
+            match verdict {
+                Verdict::Audit => "no authorization matched; allowed by audit",
+                Verdict::NoRoute => "no route of the Server matches the request",
+                _ => "denied by policy",
+            }
+        );
+    }
 }
 
 fn record(
@@ -162,12 +191,14 @@ fn record(
     policy: &PortPolicy,
     verdict: &Verdict,
     proto: Proto,
+    route: Option<(&str, &str)>,
 ) {
     let (authz_kind, authz_name) = match verdict {
         Verdict::Allow { kind, name } => (kind.clone(), name.clone()),
         Verdict::Audit => ("audit".to_string(), policy.name.clone()),
-        Verdict::Deny => (String::new(), String::new()),
+        Verdict::Deny | Verdict::NoRoute => (String::new(), String::new()),
     };
+    let (route_kind, route_name) = route.unwrap_or_default();
     let labels = AuthzLabels {
         namespace: w.namespace.clone(),
         pod: w.name.clone(),
@@ -177,6 +208,8 @@ fn record(
         srv_name: policy.name.clone(),
         authz_kind,
         authz_name,
+        route_kind: route_kind.to_string(),
+        route_name: route_name.to_string(),
     };
     let m = &shared.authz;
     let family = match (proto, verdict.allowed()) {
@@ -220,6 +253,8 @@ pub async fn revoked(
                 srv_name: policy.name.clone(),
                 authz_kind: String::new(),
                 authz_name: String::new(),
+                route_kind: String::new(),
+                route_name: String::new(),
             };
             shared.authz.count(&shared.authz.tcp_terminate, &labels);
             tracing::info!(
@@ -236,14 +271,54 @@ pub async fn revoked(
 /// The answer to a denied request: gRPC's PERMISSION_DENIED (status 7, in a trailers-only
 /// response) to a gRPC client, 403 to any other. Only a meshed client (another proxy) is
 /// told why in the `ambit-proxy-error` header; an unmeshed one learns nothing of the policy.
+/// The answer to a request `verdict` refuses: 404 (gRPC: UNIMPLEMENTED) when no route of
+/// the Server matches it, else [`denied_response`].
+pub fn refusal(
+    verdict: &Verdict,
+    headers: &http::HeaderMap,
+    meshed: bool,
+) -> http::Response<super::body::Body> {
+    if *verdict != Verdict::NoRoute {
+        return denied_response(headers, meshed);
+    }
+    let mut resp = if is_grpc(headers) {
+        let mut r = http::Response::new(super::body::empty());
+        let h = r.headers_mut();
+        h.insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("application/grpc"),
+        );
+        h.insert("grpc-status", http::HeaderValue::from_static("12"));
+        h.insert("grpc-message", http::HeaderValue::from_static("no route"));
+        r
+    } else {
+        let mut r = http::Response::new(super::body::text("no route\n".to_string()));
+        *r.status_mut() = http::StatusCode::NOT_FOUND;
+        r
+    };
+    if meshed {
+        resp.headers_mut().insert(
+            super::ERROR_HEADER,
+            http::HeaderValue::from_static(
+                "no route: the destination's Server has no route for this request",
+            ),
+        );
+    }
+    resp
+}
+
+fn is_grpc(headers: &http::HeaderMap) -> bool {
+    headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/grpc"))
+}
+
 pub fn denied_response(
     headers: &http::HeaderMap,
     meshed: bool,
 ) -> http::Response<super::body::Body> {
-    let grpc = headers
-        .get(http::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("application/grpc"));
+    let grpc = is_grpc(headers);
     let mut resp = http::Response::new(if grpc {
         super::body::empty()
     } else {

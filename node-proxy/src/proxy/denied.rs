@@ -111,16 +111,16 @@ async fn request(
     let probe = (req.method() == http::Method::GET)
         .then(|| req.uri().path_and_query().map(|p| p.as_str().to_string()))
         .flatten();
-    let (verdict, _) = authz::check(
+    let verdict = authz::check_http(
         shared,
         &pod.workload,
         target.port(),
         &anonymous,
+        &req,
         probe.as_deref(),
-        Proto::Http,
     );
     if !verdict.allowed() {
-        return authz::denied_response(req.headers(), false);
+        return authz::refusal(&verdict, req.headers(), false);
     }
     let (parts, b) = req.into_parts();
     let req = http::Request::from_parts(parts, body::incoming(b));

@@ -175,15 +175,8 @@ fn deny_request(
         identity: Some(&id),
         addr: peer.ip(),
     };
-    let (verdict, _) = authz::check(
-        shared,
-        &pod.workload,
-        target.port(),
-        &client,
-        None,
-        Proto::Http,
-    );
-    (!verdict.allowed()).then(|| authz::denied_response(req.headers(), true))
+    let verdict = authz::check_http(shared, &pod.workload, target.port(), &client, req, None);
+    (!verdict.allowed()).then(|| authz::refusal(&verdict, req.headers(), true))
 }
 
 fn refuse(status: http::StatusCode, cause: &str) -> http::Response<Body> {
