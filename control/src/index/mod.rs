@@ -444,6 +444,12 @@ impl ClusterIndex {
         self.routes.values()
     }
 
+    /// An HTTPRoute or GRPCRoute by kind, namespace and name.
+    pub fn route(&self, kind: RouteKind, namespace: &str, name: &str) -> Option<&RouteInfo> {
+        self.routes
+            .get(&(kind, namespace.to_string(), name.to_string()))
+    }
+
     fn insert_route(&mut self, r: RouteInfo) {
         self.routes
             .insert((r.kind, r.namespace.clone(), r.name.clone()), r);

@@ -104,7 +104,8 @@ pub enum PolicyTarget {
     Server(String),
     /// Every Server of the policy's namespace.
     Namespace,
-    /// An HTTPRoute or GRPCRoute (kind, name): per-route authorization, not rendered yet.
+    /// An HTTPRoute or GRPCRoute (kind, name) of the policy's namespace: per-route
+    /// authorization, where the route is attached to a Server.
     Route(String, String),
 }
 

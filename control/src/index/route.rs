@@ -23,6 +23,15 @@ impl RouteKind {
             RouteKind::Grpc => "GRPCRoute",
         }
     }
+
+    /// The kind named `name` (as in `kind:`), if it is a route kind.
+    pub fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "HTTPRoute" => Some(RouteKind::Http),
+            "GRPCRoute" => Some(RouteKind::Grpc),
+            _ => None,
+        }
+    }
 }
 
 /// An HTTPRoute or GRPCRoute.
@@ -56,7 +65,7 @@ pub enum RouteParent {
         /// parentRefs[].port; `None`: every port of the Service.
         port: Option<u16>,
     },
-    /// Inbound: the Server (namespace, name), for per-route authorization (not rendered).
+    /// Inbound: the Server (namespace, name), for per-route authorization.
     Server {
         /// The Server's namespace.
         namespace: String,

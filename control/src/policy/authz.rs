@@ -1,4 +1,5 @@
-//! AuthorizationPolicies resolved into the `Authorization`s of the Servers they target.
+//! AuthorizationPolicies resolved into the `Authorization`s of the Servers and routes they
+//! target.
 //!
 //! A policy's authentications must all match, so it becomes one `Authorization` whose
 //! conditions are its MeshTLSAuthentication (or ServiceAccount) and its
@@ -9,9 +10,11 @@
 //! requirement that does not resolve would widen what the policy allows.
 
 use super::render::Problems;
+use super::server_routes::{route_key, RouteAuthorizations, RouteKey, ServerKey, ServerRoutes};
 use crate::index::policy::{
     AuthenticationRef, AuthorizationPolicyInfo, IdentityMatch, PolicyTarget, ServerInfo,
 };
+use crate::index::route::RouteKind;
 use crate::index::ClusterIndex;
 use ambit_api::proto::policy as pb;
 use std::collections::HashMap;
@@ -22,33 +25,47 @@ pub const AUTHZ_KIND: &str = "authorizationpolicy";
 /// (namespace, Server name) → the Server's authorizations: those of the
 /// AuthorizationPolicies that target it or its namespace and resolve (in name order),
 /// then those of its accessPolicy.
-pub(super) type ServerAuthorizations = HashMap<(String, String), Vec<pb::Authorization>>;
+pub(super) type ServerAuthorizations = HashMap<ServerKey, Vec<pb::Authorization>>;
 
-/// Resolves every AuthorizationPolicy once and gives each Server its authorizations.
-pub(super) fn server_authorizations(
+/// Every AuthorizationPolicy resolved, by what it applies to.
+#[derive(Debug, Default)]
+pub(super) struct Authorizations {
+    /// Each Server's.
+    pub(super) servers: ServerAuthorizations,
+    /// Each route's that is attached to a Server (`server_routes.rs`).
+    pub(super) routes: RouteAuthorizations,
+}
+
+/// Resolves every AuthorizationPolicy once and gives each Server and each route attached
+/// to a Server its authorizations. A policy whose route does not exist or is attached to
+/// no Server applies nowhere: reported as unresolved, as one whose references do not
+/// resolve.
+pub(super) fn authorizations(
     index: &ClusterIndex,
     cluster_networks: &[String],
+    attached: &ServerRoutes<'_>,
     problems: &mut Problems,
-) -> ServerAuthorizations {
+) -> Authorizations {
     let mut by_namespace: HashMap<&str, Vec<(&AuthorizationPolicyInfo, pb::Authorization)>> =
         HashMap::new();
+    let mut routes = RouteAuthorizations::new();
     for p in index.authorization_policies() {
         let key = format!("{}/{}", p.namespace, p.name);
-        if let PolicyTarget::Route(kind, name) = &p.target {
-            problems.ignored.insert(
-                key,
-                format!("targets {kind} {name}: per-route authorization is not rendered yet; the policy allows nothing"),
-            );
-            continue;
-        }
-        match resolve(index, p) {
-            Ok(a) => by_namespace.entry(&p.namespace).or_default().push((p, a)),
+        let route = match &p.target {
+            PolicyTarget::Route(kind, name) => {
+                attached_route(index, attached, p, kind, name).map(Some)
+            }
+            PolicyTarget::Server(_) | PolicyTarget::Namespace => Ok(None),
+        };
+        match route.and_then(|route| Ok((route, resolve(index, p)?))) {
+            Ok((Some(route), a)) => routes.entry(route).or_default().push(a),
+            Ok((None, a)) => by_namespace.entry(&p.namespace).or_default().push((p, a)),
             Err(why) => {
                 problems.unresolved.insert(key, why);
             }
         }
     }
-    let mut out = ServerAuthorizations::new();
+    let mut servers = ServerAuthorizations::new();
     for s in index.servers() {
         let mut authz: Vec<pb::Authorization> = by_namespace
             .get(s.namespace.as_str())
@@ -58,9 +75,31 @@ pub(super) fn server_authorizations(
             .map(|(_, a)| a.clone())
             .collect();
         authz.extend(access_policy(s, cluster_networks));
-        out.insert((s.namespace.clone(), s.name.clone()), authz);
+        servers.insert((s.namespace.clone(), s.name.clone()), authz);
     }
-    out
+    Authorizations { servers, routes }
+}
+
+/// The route policy `p` targets (`kind` `name` in its namespace), if it is attached to a
+/// Server; else why the policy applies nowhere.
+fn attached_route(
+    index: &ClusterIndex,
+    attached: &ServerRoutes<'_>,
+    p: &AuthorizationPolicyInfo,
+    kind: &str,
+    name: &str,
+) -> Result<RouteKey, String> {
+    let what = format!("{kind} {}/{name}", p.namespace);
+    let route = RouteKind::from_name(kind)
+        .and_then(|k| index.route(k, &p.namespace, name))
+        .ok_or_else(|| format!("targets {what}, which does not exist"))?;
+    let key = route_key(route);
+    if !attached.is_attached(&key) {
+        return Err(format!(
+            "targets {what}, which is attached to no Server (its parentRefs name none that exists, or a GRPCRoute on the Server applies instead)"
+        ));
+    }
+    Ok(key)
 }
 
 fn targets(p: &AuthorizationPolicyInfo, s: &ServerInfo) -> bool {

@@ -40,7 +40,7 @@ impl PolicyMetrics {
         );
         registry.register(
             "policy_authorization_policies_unresolved",
-            "AuthorizationPolicies skipped because a reference does not resolve (they allow nothing)",
+            "AuthorizationPolicies skipped because a reference does not resolve or their route is attached to no Server (they allow nothing)",
             m.unresolved.clone(),
         );
         registry.register(
@@ -55,7 +55,7 @@ impl PolicyMetrics {
         );
         registry.register(
             "policy_routes_unsupported",
-            "Route parents left out (consumer routes, missing Services or ports, HTTPRoutes under a GRPCRoute)",
+            "Route parents left out (consumer routes, missing Services, ports or Servers, Servers of another namespace, HTTPRoutes under a GRPCRoute)",
             m.routes_unsupported.clone(),
         );
         registry.register(

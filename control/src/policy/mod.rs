@@ -4,11 +4,13 @@
 //! A proxy opens one `Watch` for its node (the node token, checked as discovery checks it:
 //! a node sees only its own pods). It first receives a snapshot of every meshed pod on the
 //! node, then a delta whenever the index changes what one of them may be reached by — a
-//! Server, an AuthorizationPolicy or an authentication, an annotation on a namespace or
-//! pod: changes apply to running pods at once.
+//! Server, an AuthorizationPolicy or an authentication, a route attached to a Server, an
+//! annotation on a namespace or pod: changes apply to running pods at once.
 //!
 //! - `render`: the index and the defaults → each pod's `PodPolicy` (a pure function).
 //! - `authz`: AuthorizationPolicies and their authentications → `Authorization`s.
+//! - `server_routes`: the HTTPRoutes/GRPCRoutes attached to Servers → the
+//!   `InboundRoute`s of their ports (per-route authorization).
 //! - `routes`: the index → every Service's `ServiceRoutes` (outbound; every node gets
 //!   all of them).
 //! - `publish`: one rendering per change for every stream, each node's share on its own
@@ -20,6 +22,7 @@ mod metrics;
 mod publish;
 mod render;
 mod routes;
+mod server_routes;
 mod update;
 
 pub use metrics::PolicyMetrics;

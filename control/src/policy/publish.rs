@@ -209,11 +209,6 @@ impl PolicyPublisher {
                 tracing::warn!(server = %key, reason = %why, "Server ignored on a pod port");
             }
         }
-        for (key, why) in &now.ignored {
-            if reported.ignored.get(key) != Some(why) {
-                tracing::info!(policy = %key, reason = %why, "AuthorizationPolicy not rendered");
-            }
-        }
         self.metrics
             .unresolved
             .set(i64::try_from(now.unresolved.len()).unwrap_or(i64::MAX));
@@ -366,5 +361,82 @@ spec: {nodeName: node-b, containers: []}
                 .map(|r| r.limit),
             Some(3)
         );
+    }
+
+    #[test]
+    fn a_change_to_a_servers_route_or_its_policy_wakes_only_the_node_of_the_pods_it_selects() {
+        use ambit_api::proto::policy::path_match::Kind;
+        let yaml = format!(
+            "{}---
+apiVersion: policy.ambit.dev/v1alpha1
+kind: Server
+metadata: {{name: a-http, namespace: shop}}
+spec: {{podSelector: {{matchLabels: {{app: a}}}}, port: 8080}}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{name: api, namespace: shop}}
+spec:
+  parentRefs: [{{group: policy.ambit.dev, kind: Server, name: a-http}}]
+  rules: [{{matches: [{{path: {{value: /api}}}}]}}]
+---
+apiVersion: policy.ambit.dev/v1alpha1
+kind: AuthorizationPolicy
+metadata: {{name: api-from-cli, namespace: shop}}
+spec:
+  targetRef: {{group: gateway.networking.k8s.io, kind: HTTPRoute, name: api}}
+  requiredAuthenticationRefs: [{{kind: ServiceAccount, name: cli}}]
+",
+            CLUSTER.replace(
+                "name: a, namespace: shop}",
+                "name: a, namespace: shop, labels: {app: a}}"
+            )
+        );
+        let index = shared(&yaml);
+        let publisher = PolicyPublisher::new(
+            Defaults {
+                policy: "deny".into(),
+                cluster_networks: vec![],
+            },
+            PolicyMetrics::default(),
+        );
+        let mut a = publisher.subscribe("node-a");
+        let mut b = publisher.subscribe("node-b");
+        publisher.publish(&index, false);
+        a.mark_unchanged();
+        b.mark_unchanged();
+        let route = |rx: &mut NodeChannel| {
+            let pods = rx.borrow_and_update().clone().unwrap_or_default();
+            let r = pods["shop/a"].ports[0].routes[0].clone();
+            let path = r.r#match.and_then(|m| m.path).and_then(|p| p.kind);
+            (path, r.authorizations[0].name.clone())
+        };
+        index.replace(
+            shared(&yaml.replace("value: /api", "value: /v2"))
+                .read()
+                .clone(),
+        );
+        publisher.publish(&index, false);
+        assert!(a.has_changed().unwrap_or(false), "the route changed");
+        assert!(
+            !b.has_changed().unwrap_or(true),
+            "node-b has no pod it selects"
+        );
+        assert_eq!(
+            route(&mut a),
+            (Some(Kind::Prefix("/v2".into())), "api-from-cli".into())
+        );
+
+        let renamed = yaml
+            .replace("value: /api", "value: /v2")
+            .replace("name: api-from-cli", "name: api-from-batch");
+        index.replace(shared(&renamed).read().clone());
+        publisher.publish(&index, false);
+        assert!(
+            a.has_changed().unwrap_or(false),
+            "the route's policy changed"
+        );
+        assert!(!b.has_changed().unwrap_or(true));
+        assert_eq!(route(&mut a).1, "api-from-batch");
     }
 }

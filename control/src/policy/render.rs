@@ -8,9 +8,11 @@
 //!   Server's name and proxyProtocol, the authorizations of the AuthorizationPolicies that
 //!   target the Server or its namespace and resolve (`authz.rs`), then those of its
 //!   accessPolicy when that is a default policy that allows someone; `audit` when the
-//!   accessPolicy is `audit`. When two Servers select the same port of a pod, the older
-//!   wins (creationTimestamp, then name; one without a timestamp — local YAML — counts
-//!   as oldest), as in Linkerd, and the conflict is reported.
+//!   accessPolicy is `audit`; the `routes` attached to the Server, each with the
+//!   authorizations of the policies that target it (`server_routes.rs`). When two
+//!   Servers select the same port of a pod, the older wins (creationTimestamp, then
+//!   name; one without a timestamp — local YAML — counts as oldest), as in Linkerd, and
+//!   the conflict is reported.
 //! - **`default`**: the default inbound policy in effect — the pod's
 //!   `config.ambit.dev/default-inbound-policy`, else its namespace's, else the cluster's
 //!   (`--default-inbound-policy`) — as kind `default` named after the policy, with its
@@ -22,7 +24,9 @@
 //!   default `PortPolicy` itself (port 0) never carries probe paths: it stands for every
 //!   port, and a probe path is only allowed on the port it is probed on.
 
-use super::authz::{server_authorizations, ServerAuthorizations};
+use super::authz::{authorizations, ServerAuthorizations};
+use super::routes::RouteProblems;
+use super::server_routes::{attachments, inbound_routes, InboundRoutes};
 use crate::index::policy::{ServerInfo, ServerPort};
 use crate::index::{ClusterIndex, PodInfo};
 use ambit_api::policy::{default_port_policy, DEFAULT_INBOUND_POLICY_ANNOTATION, DEFAULT_POLICIES};
@@ -47,12 +51,11 @@ pub const SERVER_KIND: &str = "server";
 /// What rendering left out, keyed so that a change is noticed once: each value says why.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Problems {
-    /// AuthorizationPolicies (`<ns>/<name>`) skipped because a reference does not resolve.
+    /// AuthorizationPolicies (`<ns>/<name>`) skipped because a reference does not resolve
+    /// or their route is attached to no Server: they allow nothing.
     pub unresolved: BTreeMap<String, String>,
     /// Servers that lost a pod port to an older Server (`<ns>/<loser>`).
     pub conflicts: BTreeMap<String, String>,
-    /// AuthorizationPolicies not rendered yet (HTTPRoute and GRPCRoute targets).
-    pub ignored: BTreeMap<String, String>,
 }
 
 /// A rendering of some nodes.
@@ -73,17 +76,31 @@ pub fn render(index: &ClusterIndex, node: &str, d: &Defaults) -> NodePolicies {
 }
 
 /// What rendering would leave out of any node's pods but conflicts between Servers (which
-/// are found pod by pod): the AuthorizationPolicies skipped or not rendered.
+/// are found pod by pod): the AuthorizationPolicies skipped.
 pub fn policy_problems(index: &ClusterIndex, d: &Defaults) -> Problems {
     let mut problems = Problems::default();
-    server_authorizations(index, &d.cluster_networks, &mut problems);
+    // Routes that cannot attach are reported with the outbound routes (`render_routes`).
+    let attached = attachments(index, &mut RouteProblems::new());
+    authorizations(index, &d.cluster_networks, &attached, &mut problems);
     problems
+}
+
+/// What every port a Server selects gets, whichever pod it is.
+struct Servers {
+    authorizations: ServerAuthorizations,
+    routes: InboundRoutes,
 }
 
 /// Every meshed pod on the nodes `wanted` says yes to, with what was left out.
 pub fn render_nodes(index: &ClusterIndex, d: &Defaults, wanted: impl Fn(&str) -> bool) -> Rendered {
     let mut problems = Problems::default();
-    let servers = server_authorizations(index, &d.cluster_networks, &mut problems);
+    // Routes that cannot attach are reported with the outbound routes (`render_routes`).
+    let attached = attachments(index, &mut RouteProblems::new());
+    let authz = authorizations(index, &d.cluster_networks, &attached, &mut problems);
+    let servers = Servers {
+        routes: inbound_routes(&attached, &authz.routes),
+        authorizations: authz.servers,
+    };
     let mut nodes: BTreeMap<String, NodePolicies> = BTreeMap::new();
     for pod in index.meshed_pods() {
         let Some(node) = pod.node_name.as_deref().filter(|n| wanted(n)) else {
@@ -102,7 +119,7 @@ fn pod_policy(
     index: &ClusterIndex,
     pod: &PodInfo,
     d: &Defaults,
-    servers: &ServerAuthorizations,
+    servers: &Servers,
     problems: &mut Problems,
 ) -> pb::PodPolicy {
     let default = default_policy(index, pod, d);
@@ -118,8 +135,10 @@ fn pod_policy(
                 ),
             );
         }
+        let key = (winner.namespace.clone(), winner.name.clone());
         let authorizations = servers
-            .get(&(winner.namespace.clone(), winner.name.clone()))
+            .authorizations
+            .get(&key)
             .cloned()
             .unwrap_or_default();
         ports.insert(
@@ -132,8 +151,7 @@ fn pod_policy(
                 authorizations,
                 audit: winner.access_policy == "audit",
                 probe_paths: pod.probes.get(&port).cloned().unwrap_or_default(),
-                // Per-route authorization: not rendered yet.
-                routes: vec![],
+                routes: servers.routes.get(&key).cloned().unwrap_or_default(),
             },
         );
     }

@@ -21,10 +21,12 @@
 //! Left out and reported (`RouteProblems`): consumer routes (a parentRef to a Service of
 //! another namespace: Gateway API applies them to that namespace's clients only, which
 //! needs per-client routes the stream does not carry yet), parents that do not exist,
-//! ports a Service does not have, and HTTPRoutes under a GRPCRoute.
+//! ports a Service does not have, and HTTPRoutes under a GRPCRoute — and, for Server
+//! parents (rendered into pods' policies, `server_routes.rs`), the same checks.
 
-mod precedence;
+pub(super) mod precedence;
 
+use super::server_routes;
 use crate::index::route::{
     BackendRef, FailureAccrual, HeaderModifier, MatchValue, PathMatch, RequestMatch,
     RetryAnnotations, RouteAnnotations, RouteInfo, RouteKind, RouteParent, RouteRule,
@@ -71,6 +73,9 @@ struct Attached<'a> {
 pub fn render_routes(index: &ClusterIndex, previous: &ServiceRoutesMap) -> RenderedRoutes {
     let mut problems = RouteProblems::new();
     let attached = attachments(index, &mut problems);
+    // Server parents are rendered with each pod's policy; what they leave out is reported
+    // here, with every other route parent, once per change whatever the streams.
+    server_routes::attachments(index, &mut problems);
     let mut services = ServiceRoutesMap::new();
     let routed = index
         .services()
@@ -110,7 +115,7 @@ fn attachments<'a>(
                 port,
             } = parent
             else {
-                continue; // a Server: per-route authorization, not rendered yet
+                continue; // a Server: inbound (`server_routes.rs`)
             };
             let why = if *namespace != route.namespace {
                 Some(format!("its parent Service {namespace}/{name} is in another namespace: consumer routes are not supported yet"))
@@ -188,31 +193,10 @@ fn service_routes(
 
 /// The rules of the routes on one port, in precedence order.
 fn port_rules(svc: &ServiceInfo, routes: &[&RouteInfo]) -> Vec<pb::Rule> {
-    let mut entries = Vec::new();
-    for route in routes {
-        for (i, rule) in route.rules.iter().enumerate() {
-            let all = [match route.kind {
-                RouteKind::Http => precedence::match_everything_http(),
-                RouteKind::Grpc => precedence::match_everything_grpc(),
-            }];
-            let matches = if rule.matches.is_empty() {
-                &all[..]
-            } else {
-                &rule.matches[..]
-            };
-            for (j, m) in matches.iter().enumerate() {
-                entries.push(precedence::Entry {
-                    key: precedence::key(m),
-                    route,
-                    rule: i,
-                    index: j,
-                    rendered: route_rule(svc, route, rule, m),
-                });
-            }
-        }
-    }
-    precedence::sort(&mut entries);
-    entries.into_iter().map(|e| e.rendered).collect()
+    precedence::ranked(routes)
+        .iter()
+        .map(|r| route_rule(svc, r.route, r.rule, &r.matched))
+        .collect()
 }
 
 fn default_rule(svc: &ServiceInfo) -> pb::Rule {
@@ -335,7 +319,9 @@ fn retry(
     (out.limit > 0).then_some(out)
 }
 
-fn request_match(m: &RequestMatch) -> Option<pb::RequestMatch> {
+/// A route's match as the proxy matches it; `None` when it has no condition (a gRPC
+/// rule without matches).
+pub(super) fn request_match(m: &RequestMatch) -> Option<pb::RequestMatch> {
     let values = |v: &[ValueMatch]| -> Vec<pb::ValueMatch> {
         v.iter()
             .map(|v| pb::ValueMatch {

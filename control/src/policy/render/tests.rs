@@ -3,6 +3,8 @@ use crate::index::KubeObject;
 use crate::policy::{delta_chunks, diff, snapshot_chunks};
 use pb::identity_pattern::Pattern;
 
+mod routes;
+
 fn objects(yaml: &str) -> Vec<KubeObject> {
     let mut skipped = 0;
     crate::local::parse_file(std::path::Path::new("test.yaml"), yaml, &mut skipped)
@@ -351,7 +353,12 @@ spec: {targetRef: {group: gateway.networking.k8s.io, kind: HTTPRoute, name: r}, 
     let p = &rendered.problems;
     assert_eq!(
         p.unresolved.keys().collect::<Vec<_>>(),
-        ["shop/from-cli", "shop/monitoring", "shop/nobody"]
+        [
+            "shop/by-route",
+            "shop/from-cli",
+            "shop/monitoring",
+            "shop/nobody"
+        ]
     );
     assert!(
         p.unresolved["shop/from-cli"].contains("NetworkAuthentication infra/ofice does not exist")
@@ -364,7 +371,10 @@ spec: {targetRef: {group: gateway.networking.k8s.io, kind: HTTPRoute, name: r}, 
         p.unresolved["shop/nobody"].contains("names no identity"),
         "{p:?}"
     );
-    assert!(p.ignored.contains_key("shop/by-route"));
+    assert!(
+        p.unresolved["shop/by-route"].contains("HTTPRoute shop/r, which does not exist"),
+        "{p:?}"
+    );
     assert!(p.conflicts.is_empty());
 }
 

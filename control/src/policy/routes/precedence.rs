@@ -14,24 +14,61 @@
 //! then `<namespace>/<name>` alphabetically, then the rule's order in its route, then
 //! the match's order in its rule.
 
-use crate::index::route::{GrpcMatch, HttpMatch, PathMatch, RequestMatch, RouteInfo};
-use ambit_api::proto::policy as pb;
+use crate::index::route::{
+    GrpcMatch, HttpMatch, PathMatch, RequestMatch, RouteInfo, RouteKind, RouteRule,
+};
 use std::cmp::Reverse;
 
 /// A match's rank: lower is preferred (compared element-wise).
-pub(super) type Key = (u8, Reverse<usize>, u8, Reverse<usize>, Reverse<usize>);
+type Key = (u8, Reverse<usize>, u8, Reverse<usize>, Reverse<usize>);
 
-/// A rendered rule and what decides its place.
-pub(super) struct Entry<'a> {
-    pub(super) key: Key,
-    pub(super) route: &'a RouteInfo,
-    pub(super) rule: usize,
-    pub(super) index: usize,
-    pub(super) rendered: pb::Rule,
+/// One (rule, match) of a route, in its place: outbound it becomes a `Rule`, inbound an
+/// `InboundRoute`, so that both sides order routes the same way.
+pub(in crate::policy) struct Ranked<'a> {
+    /// The route.
+    pub(in crate::policy) route: &'a RouteInfo,
+    /// Its rule.
+    pub(in crate::policy) rule: &'a RouteRule,
+    /// The match (what matches everything for a rule without matches).
+    pub(in crate::policy) matched: RequestMatch,
+    key: Key,
+    rule_index: usize,
+    match_index: usize,
+}
+
+/// Every (rule, match) of `routes` in precedence order; a rule without matches has one
+/// that matches everything (HTTP: PathPrefix `/`; gRPC: any service and method).
+pub(in crate::policy) fn ranked<'a>(routes: &[&'a RouteInfo]) -> Vec<Ranked<'a>> {
+    let mut out = Vec::new();
+    for route in routes {
+        for (rule_index, rule) in route.rules.iter().enumerate() {
+            let everything = [match route.kind {
+                RouteKind::Http => match_everything_http(),
+                RouteKind::Grpc => match_everything_grpc(),
+            }];
+            let matches = if rule.matches.is_empty() {
+                &everything[..]
+            } else {
+                &rule.matches[..]
+            };
+            for (match_index, m) in matches.iter().enumerate() {
+                out.push(Ranked {
+                    route,
+                    rule,
+                    matched: m.clone(),
+                    key: key(m),
+                    rule_index,
+                    match_index,
+                });
+            }
+        }
+    }
+    sort(&mut out);
+    out
 }
 
 /// What a rule without matches matches: Gateway API's default, PathPrefix `/`.
-pub(super) fn match_everything_http() -> RequestMatch {
+fn match_everything_http() -> RequestMatch {
     RequestMatch::Http(HttpMatch {
         path: PathMatch::Prefix("/".into()),
         headers: vec![],
@@ -41,7 +78,7 @@ pub(super) fn match_everything_http() -> RequestMatch {
 }
 
 /// What a gRPC rule without matches matches: any service and method.
-pub(super) fn match_everything_grpc() -> RequestMatch {
+fn match_everything_grpc() -> RequestMatch {
     RequestMatch::Grpc(GrpcMatch {
         service: None,
         method: None,
@@ -50,7 +87,7 @@ pub(super) fn match_everything_grpc() -> RequestMatch {
 }
 
 /// The rank of a match.
-pub(super) fn key(m: &RequestMatch) -> Key {
+fn key(m: &RequestMatch) -> Key {
     match m {
         RequestMatch::Http(h) => {
             let (rank, len) = match &h.path {
@@ -86,14 +123,14 @@ pub(super) fn key(m: &RequestMatch) -> Key {
 }
 
 /// Sorts `entries` into precedence order.
-pub(super) fn sort(entries: &mut [Entry<'_>]) {
+fn sort(entries: &mut [Ranked<'_>]) {
     entries.sort_by(|a, b| {
         a.key
             .cmp(&b.key)
             .then_with(|| a.route.created.cmp(&b.route.created))
             .then_with(|| a.route.namespace.cmp(&b.route.namespace))
             .then_with(|| a.route.name.cmp(&b.route.name))
-            .then_with(|| a.rule.cmp(&b.rule))
-            .then_with(|| a.index.cmp(&b.index))
+            .then_with(|| a.rule_index.cmp(&b.rule_index))
+            .then_with(|| a.match_index.cmp(&b.match_index))
     });
 }
