@@ -3,7 +3,8 @@
 //! node proxy reads it. A node gets a snapshot of its own meshed pods only — Servers'
 //! ports with the AuthorizationPolicies that target them, probe paths, the default policy
 //! — then a delta when the YAML changes; another node's token is refused; a policy whose
-//! reference does not resolve allows nothing and is counted.
+//! reference does not resolve allows nothing and is counted; a Server's HTTPRoute arrives
+//! as its port's routes, each with the policies targeting the route.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure
 
@@ -362,5 +363,138 @@ async fn routes_reach_every_node_in_precedence_order_then_as_deltas_of_the_chang
     let m = cp.metrics().await;
     assert_eq!(metric_sum(&m, "policy_routed_services", &[]), 1, "{m}");
     assert_eq!(metric_sum(&m, "policy_routes_unsupported", &[]), 0, "{m}");
+    cp.stop().await;
+}
+
+const SERVER_ROUTES: &str = "---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: web-api, namespace: shop}
+spec:
+  parentRefs: [{group: policy.ambit.dev, kind: Server, name: web-http}]
+  rules:
+  - matches: [{path: {type: PathPrefix, value: /api}}, {path: {type: Exact, value: /admin}}]
+---
+apiVersion: policy.ambit.dev/v1alpha1
+kind: AuthorizationPolicy
+metadata: {name: api-from-cli, namespace: shop}
+spec:
+  targetRef: {group: gateway.networking.k8s.io, kind: HTTPRoute, name: web-api}
+  requiredAuthenticationRefs: [{kind: ServiceAccount, name: cli}]
+---
+apiVersion: policy.ambit.dev/v1alpha1
+kind: AuthorizationPolicy
+metadata: {name: on-no-route, namespace: shop}
+spec:
+  targetRef: {group: gateway.networking.k8s.io, kind: HTTPRoute, name: missing}
+  requiredAuthenticationRefs: []
+";
+
+/// Each InboundRoute of a port: `kind/name path [authorization names]`.
+fn inbound_routes(p: &PodPolicy, port: u32) -> Vec<String> {
+    use ambit_api::proto::policy::path_match::Kind;
+    let p = p.ports.iter().find(|p| p.port == port).unwrap();
+    p.routes
+        .iter()
+        .map(|r| {
+            let path = match r
+                .r#match
+                .as_ref()
+                .and_then(|m| m.path.as_ref()?.kind.clone())
+            {
+                Some(Kind::Exact(p)) => format!("={p}"),
+                Some(Kind::Prefix(p)) => format!("{p}*"),
+                Some(Kind::Regex(p)) => format!("~{p}"),
+                None => String::new(),
+            };
+            let authz: Vec<&str> = r.authorizations.iter().map(|a| a.name.as_str()).collect();
+            format!("{}/{} {path} {authz:?}", r.kind, r.name)
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_servers_httproute_and_its_policy_reach_the_nodes_snapshot_then_a_delta_when_it_changes()
+{
+    ambit_e2e::init_test_logging();
+    let cp = ControlPlane::start(
+        &cluster(&format!("{POLICY}{SERVER_ROUTES}")),
+        &["node-a", "node-b"],
+    )
+    .await;
+    let mut client = InboundPolicyClient::new(cp.channel(&cp.policy_url()));
+    let mut stream = client
+        .watch(watch_request("node-a", "node-a"))
+        .await
+        .unwrap()
+        .into_inner();
+
+    let snapshot = next(&mut stream).await;
+    let web = pod(&snapshot, "shop/web-0");
+    assert_eq!(
+        inbound_routes(web, 8080),
+        [
+            r#"HTTPRoute/web-api =/admin ["api-from-cli"]"#,
+            r#"HTTPRoute/web-api /api* ["api-from-cli"]"#,
+        ],
+        "one per match, the exact path first although written second"
+    );
+    let cli = &web.ports[0].routes[0].authorizations[0];
+    assert_eq!(
+        cli.mesh_tls.as_ref().unwrap().identities[0]
+            .pattern
+            .clone()
+            .unwrap(),
+        ambit_api::proto::policy::identity_pattern::Pattern::Exact(
+            "spiffe://cluster.local/ns/shop/sa/cli".into()
+        )
+    );
+    // The Server's own authorizations are unchanged; a pod it does not select has none.
+    assert_eq!(
+        ports(web),
+        [port(8080, "server", "web-http", &["from-cli"], &["/ready"])]
+    );
+    assert!(pod(&snapshot, "shop/cli").ports[0].routes.is_empty());
+    // The policy on a route that does not exist allows nothing and is counted.
+    let m = cp.metrics().await;
+    assert_eq!(
+        metric_sum(&m, "policy_authorization_policies_unresolved", &[]),
+        1,
+        "{m}"
+    );
+
+    // A change to the route: a delta with the pod its Server selects on this node only.
+    let changed = SERVER_ROUTES.replace("value: /api}", "value: /v2}");
+    cp.set_cluster(&cluster(&format!("{POLICY}{changed}")));
+    let delta = next(&mut stream).await;
+    assert!(!delta.snapshot && delta.services.is_empty(), "{delta:?}");
+    let names: Vec<&str> = delta.pods.iter().map(|p| p.pod.as_str()).collect();
+    assert_eq!(names, ["shop/web-0"]);
+    assert_eq!(
+        inbound_routes(&delta.pods[0], 8080),
+        [
+            r#"HTTPRoute/web-api =/admin ["api-from-cli"]"#,
+            r#"HTTPRoute/web-api /v2* ["api-from-cli"]"#,
+        ]
+    );
+
+    // The route's policy retargeted at a route that does not exist: the route stays with
+    // no authorization of its own (only the Server's allow), and the policy is counted.
+    let retargeted = changed.replace("name: web-api}", "name: web-apx}");
+    cp.set_cluster(&cluster(&format!("{POLICY}{retargeted}")));
+    let delta = next(&mut stream).await;
+    assert_eq!(
+        inbound_routes(pod(&delta, "shop/web-0"), 8080),
+        [
+            r#"HTTPRoute/web-api =/admin []"#,
+            r#"HTTPRoute/web-api /v2* []"#,
+        ]
+    );
+    let m = cp.metrics().await;
+    assert_eq!(
+        metric_sum(&m, "policy_authorization_policies_unresolved", &[]),
+        2,
+        "{m}"
+    );
     cp.stop().await;
 }
