@@ -58,8 +58,8 @@ fn cluster(t: &Topology, pool: &[&str]) -> String {
     };
     let accrual = "balancer.ambit.dev/failure-accrual: consecutive, \
         balancer.ambit.dev/failure-accrual-consecutive-max-failures: '3', \
-        balancer.ambit.dev/failure-accrual-consecutive-min-penalty: 5s, \
-        balancer.ambit.dev/failure-accrual-consecutive-max-penalty: 5s, \
+        balancer.ambit.dev/failure-accrual-consecutive-min-penalty: 8s, \
+        balancer.ambit.dev/failure-accrual-consecutive-max-penalty: 8s, \
         balancer.ambit.dev/failure-accrual-consecutive-jitter-ratio: '0'";
     let grpc = format!(
         "---\napiVersion: v1\nkind: Service\nmetadata: {{name: grpc, namespace: shop}}\nspec: {{clusterIP: 10.96.0.30, ports: [{{name: grpc, port: 9090}}]}}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: grpc-1, namespace: shop, labels: {{kubernetes.io/service-name: grpc}}}}\naddressType: IPv4\nports: [{{name: grpc, port: 9090}}]\nendpoints: [{{addresses: ['{}'], targetRef: {{kind: Pod, name: v2, namespace: shop}}}}]\n",
@@ -170,9 +170,9 @@ impl Mesh {
     }
 }
 
-/// GETs `/` with `c` until `done` holds of the reply (10 s at most); the last reply.
+/// GETs `/` with `c` until `done` holds of the reply (20 s at most); the last reply.
 async fn until(c: &mut Client, done: impl Fn(&testapp::Reply) -> bool) -> testapp::Reply {
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
     loop {
         let r = c.get("/", &[]).await;
         if done(&r) || std::time::Instant::now() > deadline {
@@ -406,8 +406,9 @@ async fn routes_split_retry_time_out_and_eject() {
     }
     assert_eq!(m.bad.total(), 3, "an ejected endpoint got requests");
     assert!(m.good.total() >= 51);
-    // `bad` alone again, healthy: once the penalty (5 s) has passed, one probation request
-    // goes through, and its success restores the endpoint.
+    // `bad` alone again, healthy: once the penalty (8 s) has passed, one probation request
+    // goes through, and its success restores the endpoint (the penalty is long enough
+    // that the skip check above cannot meet a probe).
     m.bad.set_status(0);
     m.cp.set_cluster(&cluster(&m.t, &["bad"]));
     let r = until(&mut p, |r| r.served_by() == "bad").await;

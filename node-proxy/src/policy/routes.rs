@@ -123,6 +123,8 @@ pub fn select<'a>(rules: &'a [Arc<Rule>], req: &RequestParts<'_>) -> Option<&'a 
 #[derive(Clone, Copy, Debug)]
 pub struct RequestParts<'a> {
     pub method: &'a Method,
+    /// The URI's authority (HTTP/2 carries the host there, not in a `host` header).
+    pub authority: Option<&'a str>,
     pub path: &'a str,
     pub query: Option<&'a str>,
     pub headers: &'a HeaderMap,
@@ -133,6 +135,7 @@ impl<'a> RequestParts<'a> {
     pub fn of<B>(req: &'a http::Request<B>) -> Self {
         Self {
             method: req.method(),
+            authority: req.uri().authority().map(|a| a.as_str()),
             path: req.uri().path(),
             query: req.uri().query(),
             headers: req.headers(),
@@ -331,11 +334,17 @@ impl Matcher {
         path_ok
             && self.method.as_ref().is_none_or(|m| m == req.method)
             && self.headers.iter().all(|(name, want)| {
-                // Any of a repeated header's values may match.
-                req.headers
-                    .get_all(name)
-                    .iter()
-                    .any(|v| v.to_str().is_ok_and(|v| want.matches(v)))
+                // Any of a repeated header's values may match; `host` is the authority
+                // in HTTP/2.
+                let host = (name == http::header::HOST && !req.headers.contains_key(name))
+                    .then_some(req.authority)
+                    .flatten();
+                host.is_some_and(|h| want.matches(h))
+                    || req
+                        .headers
+                        .get_all(name)
+                        .iter()
+                        .any(|v| v.to_str().is_ok_and(|v| want.matches(v)))
             })
             && self.query.iter().all(|(name, want)| {
                 query_values(req.query, name)

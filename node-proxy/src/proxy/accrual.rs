@@ -22,31 +22,35 @@ impl Accrual {
     }
 }
 
-/// One endpoint's standing.
+/// How long a probation request may take before another may be sent: an endpoint that
+/// accepts and never answers must not stay out for ever once it recovers.
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// One endpoint's standing (for one client pod).
 #[derive(Clone, Debug, Default)]
 pub struct Health {
     consecutive: u32,
     ejections: u32,
     ejected_until: Option<Instant>,
-    /// The probation request is in flight.
-    probing: bool,
+    /// When the probation request in flight was sent.
+    probing: Option<Instant>,
 }
 
 impl Health {
     /// Whether the endpoint may be picked at `now`: not ejected, or its penalty has passed
-    /// and no probation request is in flight.
+    /// and no probation request is in flight (or the one in flight is overdue).
     pub fn available(&self, now: Instant) -> bool {
         match self.ejected_until {
             None => true,
-            Some(t) => now >= t && !self.probing,
+            Some(t) => now >= t && self.probing.is_none_or(|p| now >= p + PROBE_TIMEOUT),
         }
     }
 
     /// The endpoint was picked at `now`; true when this is its probation request.
     pub fn picked(&mut self, now: Instant) -> bool {
-        let probe = self.ejected_until.is_some_and(|t| now >= t) && !self.probing;
+        let probe = self.ejected_until.is_some() && self.available(now);
         if probe {
-            self.probing = true;
+            self.probing = Some(now);
         }
         probe
     }
@@ -55,20 +59,37 @@ impl Health {
     /// can be tried again.
     pub fn abandoned(&mut self, probe: bool) {
         if probe {
-            self.probing = false;
+            self.probing = None;
         }
     }
 
-    /// A use of the endpoint succeeded or failed at `now`, under `policy`; true when this
-    /// ejected it.
-    pub fn record(&mut self, ok: bool, now: Instant, policy: &Accrual, roll: f64) -> bool {
+    /// Whether nothing is held against the endpoint (its entry can be forgotten).
+    pub fn in_good_standing(&self) -> bool {
+        self.consecutive == 0 && self.ejected_until.is_none()
+    }
+
+    /// A use of the endpoint (`probe`: its probation request) succeeded or failed at `now`,
+    /// under `policy`; true when this ejected it. While the endpoint is ejected, only its
+    /// probe counts: requests sent before the ejection that end after it neither lengthen
+    /// the penalty nor lift it.
+    pub fn record(
+        &mut self,
+        ok: bool,
+        probe: bool,
+        now: Instant,
+        policy: &Accrual,
+        roll: f64,
+    ) -> bool {
+        if self.ejected_until.is_some() && !probe {
+            return false;
+        }
         if ok {
             *self = Health::default();
             return false;
         }
         self.consecutive = self.consecutive.saturating_add(1);
-        let eject = self.probing || self.consecutive >= policy.max_failures.max(1);
-        self.probing = false;
+        let eject = probe || self.consecutive >= policy.max_failures.max(1);
+        self.probing = None;
         if eject {
             self.ejections = self.ejections.saturating_add(1);
             self.ejected_until = Some(now + policy.penalty(self.ejections, roll));
@@ -102,14 +123,20 @@ mod tests {
         let now = Instant::now();
         // Six failures and a success: the count starts again.
         for _ in 0..6 {
-            assert!(!h.record(false, now, &policy, 0.0));
+            assert!(!h.record(false, false, now, &policy, 0.0));
         }
-        assert!(!h.record(true, now, &policy, 0.0));
+        assert!(!h.record(true, false, now, &policy, 0.0));
         for _ in 0..6 {
-            assert!(!h.record(false, now, &policy, 0.0));
+            assert!(!h.record(false, false, now, &policy, 0.0));
         }
         // The seventh in a row ejects it for 1 s.
-        assert!(h.record(false, now, &policy, 0.0));
+        assert!(h.record(false, false, now, &policy, 0.0));
+        // Requests sent before the ejection and ending after it change nothing: late
+        // failures do not lengthen the penalty, a late success does not lift it.
+        for _ in 0..40 {
+            assert!(!h.record(false, false, now, &policy, 0.0));
+        }
+        assert!(!h.record(true, false, now, &policy, 0.0));
         assert!(!h.available(now));
         tokio::time::advance(Duration::from_secs(1)).await;
         let now = Instant::now();
@@ -118,7 +145,7 @@ mod tests {
         assert!(h.picked(now));
         assert!(!h.available(now));
         // It fails: ejected again, for 2 s.
-        assert!(h.record(false, now, &policy, 0.0));
+        assert!(h.record(false, true, now, &policy, 0.0));
         tokio::time::advance(Duration::from_millis(1999)).await;
         assert!(!h.available(Instant::now()));
         tokio::time::advance(Duration::from_millis(1)).await;
@@ -128,7 +155,7 @@ mod tests {
         h.abandoned(true);
         assert!(h.available(now));
         assert!(h.picked(now));
-        assert!(!h.record(true, now, &policy, 0.0));
+        assert!(!h.record(true, true, now, &policy, 0.0));
         assert!(h.available(now));
         assert!(
             !h.picked(now),

@@ -281,7 +281,7 @@ pub fn refusal(
     if *verdict != Verdict::NoRoute {
         return denied_response(headers, meshed);
     }
-    let mut resp = if is_grpc(headers) {
+    let mut resp = if super::classify::is_grpc(headers) {
         let mut r = http::Response::new(super::body::empty());
         let h = r.headers_mut();
         h.insert(
@@ -307,18 +307,11 @@ pub fn refusal(
     resp
 }
 
-fn is_grpc(headers: &http::HeaderMap) -> bool {
-    headers
-        .get(http::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("application/grpc"))
-}
-
 pub fn denied_response(
     headers: &http::HeaderMap,
     meshed: bool,
 ) -> http::Response<super::body::Body> {
-    let grpc = is_grpc(headers);
+    let grpc = super::classify::is_grpc(headers);
     let mut resp = http::Response::new(if grpc {
         super::body::empty()
     } else {

@@ -25,7 +25,6 @@ struct Stats {
     stamp: Instant,
     pending: u32,
     failed_at: Option<Instant>,
-    health: Health,
 }
 
 impl Stats {
@@ -35,7 +34,6 @@ impl Stats {
             stamp: Instant::now(),
             pending: 0,
             failed_at: None,
-            health: Health::default(),
         }
     }
 
@@ -62,6 +60,21 @@ impl Stats {
 #[derive(Clone, Debug, Default)]
 pub struct Balancer {
     stats: Arc<Mutex<HashMap<SocketAddr, Stats>>>,
+    /// Failure accrual's standing of each endpoint, per client pod: one pod's failing
+    /// requests must not eject an endpoint for the other pods of the node (with a proxy
+    /// per pod, as Linkerd's, they could not). Only endpoints not in good standing are kept.
+    health: Arc<Mutex<HealthMap>>,
+}
+
+/// (client pod, endpoint) → failure accrual's standing.
+type HealthMap = HashMap<(Arc<str>, SocketAddr), Health>;
+
+/// Failure accrual for a pick: the destination's policy and the client pod.
+#[derive(Clone, Copy, Debug)]
+pub struct AccrualFor<'a> {
+    pub policy: &'a Accrual,
+    /// `<namespace>/<name>` of the client pod.
+    pub client: &'a Arc<str>,
 }
 
 /// An in-flight use of an endpoint; report how it went with [`Pick::success`] or
@@ -73,8 +86,8 @@ pub struct Pick {
     pub addr: SocketAddr,
     start: Instant,
     done: bool,
-    /// The destination's failure accrual (None: off).
-    accrual: Option<Accrual>,
+    /// The destination's failure accrual and the client (None: off).
+    accrual: Option<(Accrual, Arc<str>)>,
     /// This is the endpoint's probation request.
     probe: bool,
 }
@@ -100,23 +113,24 @@ impl Balancer {
     pub fn choose(
         &self,
         candidates: &[SocketAddr],
-        accrual: Option<&Accrual>,
+        accrual: Option<AccrualFor<'_>>,
     ) -> Result<(usize, Pick), NoPick> {
         if candidates.is_empty() {
             return Err(NoPick::Empty);
         }
         let now = Instant::now();
-        let mut stats = self.stats.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut health = self.health.lock().unwrap_or_else(PoisonError::into_inner);
         let usable: Vec<usize> = match accrual {
             None => (0..candidates.len()).collect(),
-            Some(_) => (0..candidates.len())
+            Some(a) => (0..candidates.len())
                 .filter(|i| {
-                    stats
-                        .get(&candidates[*i])
-                        .is_none_or(|s| s.health.available(now))
+                    health
+                        .get(&(a.client.clone(), candidates[*i]))
+                        .is_none_or(|h| h.available(now))
                 })
                 .collect(),
         };
+        let mut stats = self.stats.lock().unwrap_or_else(PoisonError::into_inner);
         let i = match usable.len() {
             0 => return Err(NoPick::AllEjected),
             1 => usable[0],
@@ -142,7 +156,11 @@ impl Balancer {
         let addr = candidates[i];
         let s = stats.entry(addr).or_insert_with(Stats::new);
         s.pending += 1;
-        let probe = accrual.is_some() && s.health.picked(now);
+        let probe = accrual.is_some_and(|a| {
+            health
+                .get_mut(&(a.client.clone(), addr))
+                .is_some_and(|h| h.picked(now))
+        });
         Ok((
             i,
             Pick {
@@ -150,7 +168,7 @@ impl Balancer {
                 addr,
                 start: now,
                 done: false,
-                accrual: accrual.copied(),
+                accrual: accrual.map(|a| (*a.policy, a.client.clone())),
                 probe,
             },
         ))
@@ -158,16 +176,23 @@ impl Balancer {
 
     /// A use of `addr` ended: `rtt` when it answered (None: it failed to), `ok` as the
     /// response was classified, for failure accrual under `accrual`.
-    fn finish(&self, addr: SocketAddr, rtt: Option<Duration>, ok: bool, accrual: Option<&Accrual>) {
+    fn finish(&self, pick: &Pick, rtt: Option<Duration>, ok: bool) {
         let now = Instant::now();
+        let addr = pick.addr;
+        if let Some((policy, client)) = &pick.accrual {
+            let mut health = self.health.lock().unwrap_or_else(PoisonError::into_inner);
+            let key = (client.clone(), addr);
+            let h = health.entry(key.clone()).or_default();
+            if h.record(ok, pick.probe, now, policy, fastrand::f64()) {
+                tracing::info!(endpoint = %addr, client = %client, "endpoint ejected by failure accrual");
+            }
+            if h.in_good_standing() {
+                health.remove(&key);
+            }
+        }
         let mut stats = self.stats.lock().unwrap_or_else(PoisonError::into_inner);
         let s = stats.entry(addr).or_insert_with(Stats::new);
         s.pending = s.pending.saturating_sub(1);
-        if let Some(policy) = accrual {
-            if s.health.record(ok, now, policy, fastrand::f64()) {
-                tracing::info!(endpoint = %addr, "endpoint ejected by failure accrual");
-            }
-        }
         match rtt {
             Some(rtt) => {
                 let sample = rtt.as_nanos() as f64;
@@ -193,6 +218,10 @@ impl Balancer {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .retain(|a, _| keep(a));
+        self.health
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|(_, a), _| keep(a));
     }
 }
 
@@ -201,8 +230,7 @@ impl Pick {
     pub fn success(mut self) {
         self.done = true;
         let rtt = self.start.elapsed();
-        self.balancer
-            .finish(self.addr, Some(rtt), true, self.accrual.as_ref());
+        self.balancer.finish(&self, Some(rtt), true);
     }
 
     /// The endpoint answered with a failure (a 5xx, a gRPC error): its latency feeds the
@@ -210,15 +238,13 @@ impl Pick {
     pub fn failed_response(mut self) {
         self.done = true;
         let rtt = self.start.elapsed();
-        self.balancer
-            .finish(self.addr, Some(rtt), false, self.accrual.as_ref());
+        self.balancer.finish(&self, Some(rtt), false);
     }
 
     /// The endpoint failed (refused, reset, timed out).
     pub fn failure(mut self) {
         self.done = true;
-        self.balancer
-            .finish(self.addr, None, false, self.accrual.as_ref());
+        self.balancer.finish(&self, None, false);
     }
 }
 
@@ -232,7 +258,17 @@ impl Drop for Pick {
                 .unwrap_or_else(PoisonError::into_inner);
             if let Some(s) = stats.get_mut(&self.addr) {
                 s.pending = s.pending.saturating_sub(1);
-                s.health.abandoned(self.probe);
+            }
+            drop(stats);
+            if let (true, Some((_, client))) = (self.probe, &self.accrual) {
+                let mut health = self
+                    .balancer
+                    .health
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner);
+                if let Some(h) = health.get_mut(&(client.clone(), self.addr)) {
+                    h.abandoned(true);
+                }
             }
         }
     }
@@ -337,37 +373,48 @@ mod tests {
             jitter: 0.0,
             ..Accrual::default()
         };
+        let (web, other): (Arc<str>, Arc<str>) = ("shop/web".into(), "shop/other".into());
+        let a = AccrualFor {
+            policy: &accrual,
+            client: &web,
+        };
         // Three failed responses in a row from endpoint 0: ejected.
         for _ in 0..3 {
-            let (_, p) = b.choose(&eps[..1], Some(&accrual)).unwrap();
+            let (_, p) = b.choose(&eps[..1], Some(a)).unwrap();
             p.failed_response();
         }
         for _ in 0..50 {
-            let (i, p) = b.choose(&eps, Some(&accrual)).unwrap();
+            let (i, p) = b.choose(&eps, Some(a)).unwrap();
             assert_eq!(i, 1, "an ejected endpoint was picked");
             p.success();
         }
         // Alone, it is not picked at all: fail fast.
         assert_eq!(
-            b.choose(&eps[..1], Some(&accrual)).unwrap_err(),
+            b.choose(&eps[..1], Some(a)).unwrap_err(),
             NoPick::AllEjected
         );
-        // Without accrual (a destination that has it disabled), it is.
+        // Without accrual (a destination that has it disabled), it is; and for another
+        // client pod, whose requests did not fail, it is in good standing.
         assert!(b.choose(&eps[..1], None).is_ok());
+        let for_other = AccrualFor {
+            policy: &accrual,
+            client: &other,
+        };
+        assert!(b.choose(&eps[..1], Some(for_other)).is_ok());
         // After the penalty, one probation request, then a success restores it.
         tokio::time::advance(accrual.min_penalty).await;
-        let (_, probe) = b.choose(&eps[..1], Some(&accrual)).unwrap();
+        let (_, probe) = b.choose(&eps[..1], Some(a)).unwrap();
         assert_eq!(
-            b.choose(&eps[..1], Some(&accrual)).unwrap_err(),
+            b.choose(&eps[..1], Some(a)).unwrap_err(),
             NoPick::AllEjected,
             "a second request while the probe is in flight"
         );
         probe.success();
         for _ in 0..5 {
-            let (_, p) = b.choose(&eps[..1], Some(&accrual)).unwrap();
+            let (_, p) = b.choose(&eps[..1], Some(a)).unwrap();
             p.success();
         }
-        assert_eq!(b.choose(&eps, Some(&accrual)).map(|_| ()), Ok(()));
-        assert_eq!(b.choose(&[], Some(&accrual)).unwrap_err(), NoPick::Empty);
+        assert_eq!(b.choose(&eps, Some(a)).map(|_| ()), Ok(()));
+        assert_eq!(b.choose(&[], Some(a)).unwrap_err(), NoPick::Empty);
     }
 }

@@ -27,21 +27,33 @@ pub fn text(text: String) -> Body {
 /// `body`, ended with an error when no frame comes for `idle` (a route's
 /// `timeout.ambit.dev/idle`): a stalled response does not hold its client for ever.
 pub fn idle_timeout(body: Body, idle: std::time::Duration) -> Body {
-    IdleTimeout {
+    Timed {
         inner: body,
-        idle,
+        idle: Some(idle),
         timer: Box::pin(tokio::time::sleep(idle)),
     }
     .boxed()
 }
 
-struct IdleTimeout {
+/// `body`, ended with an error if it has not ended by `deadline` (a route's request
+/// timeout covers the whole response, not only its headers).
+pub fn deadline(body: Body, deadline: tokio::time::Instant) -> Body {
+    Timed {
+        inner: body,
+        idle: None,
+        timer: Box::pin(tokio::time::sleep_until(deadline)),
+    }
+    .boxed()
+}
+
+/// A body with a timer: reset by every frame when `idle` is set, else a fixed deadline.
+struct Timed {
     inner: Body,
-    idle: std::time::Duration,
+    idle: Option<std::time::Duration>,
     timer: std::pin::Pin<Box<tokio::time::Sleep>>,
 }
 
-impl http_body::Body for IdleTimeout {
+impl http_body::Body for Timed {
     type Data = Bytes;
     type Error = BoxError;
 
@@ -52,15 +64,17 @@ impl http_body::Body for IdleTimeout {
         use std::task::Poll;
         match std::pin::Pin::new(&mut self.inner).poll_frame(cx) {
             Poll::Ready(frame) => {
-                let deadline = tokio::time::Instant::now() + self.idle;
-                self.timer.as_mut().reset(deadline);
+                if let Some(idle) = self.idle {
+                    let next = tokio::time::Instant::now() + idle;
+                    self.timer.as_mut().reset(next);
+                }
                 Poll::Ready(frame)
             }
             Poll::Pending => match std::future::Future::poll(self.timer.as_mut(), cx) {
-                Poll::Ready(()) => Poll::Ready(Some(Err(format!(
-                    "no data for {:?} (the route's idle timeout)",
-                    self.idle
-                )
+                Poll::Ready(()) => Poll::Ready(Some(Err(match self.idle {
+                    Some(idle) => format!("no data for {idle:?} (the route's idle timeout)"),
+                    None => "the route's request timeout passed".to_string(),
+                }
                 .into()))),
                 Poll::Pending => Poll::Pending,
             },
@@ -101,5 +115,31 @@ mod tests {
         // A body that keeps coming is not cut.
         let mut body = idle_timeout(text("all of it".into()), std::time::Duration::from_secs(5));
         assert!(body.frame().await.unwrap().is_ok());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_body_past_its_deadline_ends_with_an_error_though_data_keeps_coming() {
+        use bytes::Bytes;
+        // A frame every second, for ever.
+        let frames = futures::stream::unfold((), |()| async {
+            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            Some((
+                Ok::<_, BoxError>(http_body::Frame::data(Bytes::from_static(b"."))),
+                (),
+            ))
+        });
+        let trickle = BodyExt::boxed(http_body_util::StreamBody::new(frames));
+        let start = tokio::time::Instant::now();
+        let mut body = deadline(trickle, start + std::time::Duration::from_millis(3500));
+        let mut frames = 0;
+        let end = loop {
+            match body.frame().await.unwrap() {
+                Ok(_) => frames += 1,
+                Err(e) => break e,
+            }
+        };
+        assert_eq!(frames, 3);
+        assert!(end.to_string().contains("request timeout"), "{end}");
+        assert_eq!(start.elapsed(), std::time::Duration::from_millis(3500));
     }
 }

@@ -32,6 +32,13 @@ pub fn classify(status: StatusCode, grpc: Option<GrpcCode>) -> Class {
     }
 }
 
+/// Whether a request or response with these headers is gRPC (its content-type).
+pub fn is_grpc(h: &HeaderMap) -> bool {
+    h.get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/grpc"))
+}
+
 /// A `grpc-status` value.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GrpcCode {

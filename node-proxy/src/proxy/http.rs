@@ -140,6 +140,55 @@ pub(super) async fn serve_outbound(
 }
 
 async fn outbound_request(
+    req: Request<Incoming>,
+    dst: SocketAddr,
+    pod: &PodContext,
+    shared: &Shared,
+    conn_series: &ConnectionSeries,
+) -> Response<Body> {
+    let grpc = super::classify::is_grpc(req.headers());
+    let resp = route_request(req, dst, pod, shared, conn_series).await;
+    if grpc {
+        grpc_answer(resp)
+    } else {
+        resp
+    }
+}
+
+/// A gRPC client's answer: an error the proxy made itself (it carries `ambit-proxy-error`
+/// and no gRPC status) becomes a trailers-only gRPC status, which gRPC clients read (an
+/// HTTP 504 would reach them as a bare UNAVAILABLE without the message).
+fn grpc_answer(resp: Response<Body>) -> Response<Body> {
+    let own = resp.headers().contains_key(super::ERROR_HEADER)
+        && !resp.headers().contains_key("grpc-status");
+    if !own {
+        return resp;
+    }
+    let code = match resp.status().as_u16() {
+        504 => "4",        // DEADLINE_EXCEEDED
+        404 => "12",       // UNIMPLEMENTED
+        403 => "7",        // PERMISSION_DENIED
+        502 | 503 => "14", // UNAVAILABLE
+        _ => "13",         // INTERNAL
+    };
+    let (mut parts, _) = resp.into_parts();
+    let message = parts.headers.get(super::ERROR_HEADER).cloned();
+    parts.status = StatusCode::OK;
+    parts.headers.remove(header::CONTENT_LENGTH);
+    parts.headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/grpc"),
+    );
+    parts
+        .headers
+        .insert("grpc-status", HeaderValue::from_static(code));
+    if let Some(m) = message {
+        parts.headers.insert("grpc-message", m);
+    }
+    Response::from_parts(parts, body::empty())
+}
+
+async fn route_request(
     mut req: Request<Incoming>,
     dst: SocketAddr,
     pod: &PodContext,
@@ -164,7 +213,7 @@ async fn outbound_request(
     if super::upgrade::is_upgrade(&req) {
         // An upgrade is never retried: one endpoint, and the connection becomes a stream.
         let picked = super::route::backend(rule.as_deref(), &original, shared)
-            .and_then(|(_, resolved)| resolved.pick(shared));
+            .and_then(|(_, resolved)| resolved.pick(shared, &pod.workload));
         let (target, pick) = match picked {
             Ok(p) => p,
             Err(e) => return refused(e),
@@ -207,7 +256,7 @@ pub(super) async fn try_once(
     dst_service: &str,
 ) -> (Response<Body>, Option<&'static str>) {
     let start = Instant::now();
-    let (target, pick) = match resolved.pick(shared) {
+    let (target, pick) = match resolved.pick(shared, &pod.workload) {
         Ok(p) => p,
         Err(e) => {
             let series = conn_series.get(dst_service, None);
@@ -464,6 +513,29 @@ mod tests {
             assert_eq!(resp.status().as_u16(), status, "{e}");
             assert_eq!(resp.headers()[ERROR_HEADER], e.to_string().as_str());
         }
+    }
+
+    #[test]
+    fn a_grpc_client_gets_the_proxys_own_errors_as_grpc_statuses() {
+        for (e, code) in [
+            (ProxyError::Timeout("slow".into()), "4"),
+            (ProxyError::NoRoute("none".into()), "12"),
+            (ProxyError::Unavailable("no endpoints".into()), "14"),
+            (ProxyError::BadRoute("weights".into()), "13"),
+        ] {
+            let resp = grpc_answer(error_response(&e));
+            assert_eq!(resp.status(), 200, "{e}");
+            assert_eq!(resp.headers()["grpc-status"], code, "{e}");
+            assert_eq!(resp.headers()["content-type"], "application/grpc");
+            assert!(resp.headers()["grpc-message"]
+                .to_str()
+                .unwrap()
+                .contains(&e.to_string()[..5]));
+        }
+        // An upstream's own answer is left as it is.
+        let mut upstream = Response::new(body::empty());
+        *upstream.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+        assert_eq!(grpc_answer(upstream).status(), 503);
     }
 
     #[test]

@@ -69,7 +69,7 @@ async fn proxy(
     } else {
         Resolved::now(dst, shared)
     };
-    let (target, pick) = resolved.pick(shared)?;
+    let (target, pick) = resolved.pick(shared, &pod.workload)?;
     let labels = |server_id: String| {
         TrafficLabels::outbound(&pod.workload, server_id, resolved.dst_service())
     };

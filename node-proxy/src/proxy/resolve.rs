@@ -3,14 +3,14 @@
 //! detection, the endpoints it may reach (each with the identity it must prove, or none
 //! for plaintext), the Service for metrics and routes, and the balancer's choice.
 
-use super::balance::{NoPick, Pick};
+use super::balance::{AccrualFor, NoPick, Pick};
 use super::classify::{classify, Class, GrpcCode};
 use super::{ProxyError, Shared};
-use crate::discovery::{Destination, DiscoveryState};
+use crate::discovery::{Destination, DiscoveryState, Workload};
 use ambit_api::ports::{PortSet, DEFAULT_OPAQUE_PORTS};
 use ambit_api::WorkloadIdentity;
 use std::net::SocketAddr;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 /// One place a connection or request may go.
 #[derive(Clone, Debug, PartialEq)]
@@ -126,8 +126,12 @@ impl Resolved {
     /// Chooses where this connection or request goes: a Service's endpoint by the
     /// balancer (the pick to settle when it is known how it went), or the one address;
     /// refused when the Service has no ready endpoint or an unknown destination is not
-    /// allowed.
-    pub fn pick(&self, shared: &Shared) -> Result<(Target, Option<Pick>), ProxyError> {
+    /// allowed. `client` is the pod asking (failure accrual is kept per client pod).
+    pub fn pick(
+        &self,
+        shared: &Shared,
+        client: &Workload,
+    ) -> Result<(Target, Option<Pick>), ProxyError> {
         if self.unknown {
             shared.outbound_unknown.check(self.dst)?;
         }
@@ -142,7 +146,14 @@ impl Resolved {
             .borrow()
             .routes(&service.namespace, &service.name)
             .and_then(|r| r.failure_accrual);
-        match shared.balancer.choose(&addrs, accrual.as_ref()) {
+        let key: Option<Arc<str>> = accrual
+            .is_some()
+            .then(|| format!("{}/{}", client.namespace, client.name).into());
+        let accrual_for = accrual
+            .as_ref()
+            .zip(key.as_ref())
+            .map(|(policy, client)| AccrualFor { policy, client });
+        match shared.balancer.choose(&addrs, accrual_for) {
             Ok((i, pick)) => Ok((self.targets[i].clone(), Some(pick))),
             Err(NoPick::Empty) => Err(ProxyError::Unavailable(format!(
                 "no ready endpoints for Service {}/{} port {}",

@@ -8,7 +8,7 @@ use super::body::{self, Body};
 use super::http::{error_response, try_once};
 use super::http_metrics::ConnectionSeries;
 use super::resolve::{Resolved, ServicePort};
-use super::retry::{backoff, retryable, Replay};
+use super::retry::{backoff, retryable, NotReplayable, Replay};
 use super::route_metrics::{NotRetried, RouteLabels};
 use super::{PodContext, ProxyError, Shared};
 use crate::policy::routes::{select, Backend, RequestParts, Rule};
@@ -92,11 +92,14 @@ impl Trying<'_> {
             return error_response(&ProxyError::Internal("a route without a Service".into()));
         };
         let rule = self.rule.clone();
-        let metrics = self.shared.routes.request(
-            RouteLabels::new(&self.pod.workload, &parent, &rule),
-            rule.grpc,
-        );
+        // A GRPCRoute's requests, or gRPC on a Service's default rule (its content-type).
+        let grpc = rule.grpc || super::classify::is_grpc(&parts.headers);
+        let metrics = self
+            .shared
+            .routes
+            .request(RouteLabels::new(&self.pod.workload, &parent, &rule), grpc);
         let tries = self.tries(&parent, &metrics, parts, body);
+        let started = tokio::time::Instant::now();
         let (mut resp, error, retried) = match rule.timeouts.request {
             None => tries.await,
             Some(d) => tokio::time::timeout(d, tries).await.unwrap_or_else(|_| {
@@ -109,6 +112,10 @@ impl Trying<'_> {
         rule.response_headers.apply(resp.headers_mut());
         if let Some(idle) = rule.timeouts.idle {
             resp = resp.map(|b| body::idle_timeout(b, idle));
+        }
+        // The request timeout covers the response's body too.
+        if let Some(d) = rule.timeouts.request {
+            resp = resp.map(|b| body::deadline(b, started + d));
         }
         metrics.finish(resp, error, retried)
     }
@@ -124,7 +131,7 @@ impl Trying<'_> {
     ) -> (Response<Body>, Option<&'static str>, bool) {
         let rule = &self.rule;
         let retry = rule.retry.as_ref().filter(|r| r.limit > 0);
-        let budget = retry.map(|_| self.shared.budgets.get(parent, rule));
+        let budget = retry.map(|_| self.shared.budgets.get(parent, rule, &self.pod.workload));
         let (body, replay) = match retry {
             Some(_) => {
                 let (b, r) = Replay::record(body);
@@ -136,6 +143,10 @@ impl Trying<'_> {
             b.deposit();
         }
         let mut body = Some(body);
+        // The first try sends the request's own head (with its extensions), later ones a
+        // copy.
+        let template = copy(&parts);
+        let mut first = Some(parts);
         let mut n = 0u32;
         loop {
             let (backend, resolved) = match backend(Some(rule), self.original, self.shared) {
@@ -143,7 +154,8 @@ impl Trying<'_> {
                 Err(e) => return (error_response(&e), Some(e.kind()), n > 0),
             };
             metrics.backend(backend.as_ref(), parent);
-            let req = Request::from_parts(copy(&parts), body.take().unwrap_or_else(body::empty));
+            let head = first.take().unwrap_or_else(|| copy(&template));
+            let req = Request::from_parts(head, body.take().unwrap_or_else(body::empty));
             let (resp, error) = try_once(
                 req,
                 &resolved,
@@ -157,16 +169,24 @@ impl Trying<'_> {
             let (Some(retry), Some(replay), Some(budget)) = (retry, &replay, &budget) else {
                 return (resp, error, false);
             };
-            if !retryable(retry, resp.status(), resp.headers()) {
+            // What the proxy answered itself (no endpoint, an identity it cannot prove, a
+            // route that cannot send) is not the upstream's failure: another try would
+            // meet the same.
+            let upstream = error.is_none_or(|k| matches!(k, "upstream" | "timeout"));
+            if !upstream || !retryable(retry, resp.status(), resp.headers()) {
                 return (resp, error, n > 0);
             }
             if n >= retry.limit {
                 metrics.not_retried(NotRetried::Limit);
                 return (resp, error, n > 0);
             }
-            let Ok(again) = replay.replay() else {
-                metrics.not_retried(NotRetried::Overflow);
-                return (resp, error, n > 0);
+            let again = match replay.replay() {
+                Ok(b) => b,
+                Err(NotReplayable::Failed) => return (resp, error, n > 0),
+                Err(NotReplayable::TooBig | NotReplayable::Streaming) => {
+                    metrics.not_retried(NotRetried::Overflow);
+                    return (resp, error, n > 0);
+                }
             };
             if !budget.withdraw() {
                 metrics.not_retried(NotRetried::Budget);

@@ -311,3 +311,35 @@ fn a_try_is_bounded_by_the_tighter_of_its_limits_and_zero_is_none() {
     });
     assert_eq!(t.per_try(), None);
 }
+
+#[test]
+fn a_host_match_reads_the_authority_of_an_http2_request() {
+    let r = routes(vec![rule(
+        "by-host",
+        Some(pb::RequestMatch {
+            headers: vec![pb::ValueMatch {
+                name: "host".into(),
+                value: Some(pb::value_match::Value::Exact("web.shop".into())),
+            }],
+            ..Default::default()
+        }),
+        &[],
+    )])
+    .unwrap();
+    // HTTP/1: the Host header.
+    assert_eq!(
+        selected(&r, &request("GET", "/", &[("host", "web.shop")])),
+        "by-host"
+    );
+    // HTTP/2: the :authority, in the URI.
+    let h2 = http::Request::builder()
+        .version(http::Version::HTTP_2)
+        .uri("http://web.shop/x")
+        .body(())
+        .unwrap();
+    assert_eq!(selected(&r, &h2), "by-host");
+    assert_eq!(
+        selected(&r, &request("GET", "/", &[("host", "api.shop")])),
+        "404"
+    );
+}

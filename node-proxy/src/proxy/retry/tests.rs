@@ -1,4 +1,9 @@
 use super::*;
+use crate::proxy::body::{Body, BoxError};
+use bytes::Bytes;
+use http_body::Frame;
+use http_body_util::BodyExt;
+use std::time::Duration;
 
 fn retry(statuses: &[(u16, u16)], grpc: &[u8]) -> Retry {
     Retry {
@@ -90,7 +95,7 @@ async fn a_small_body_is_sent_again_whole_with_its_trailers() {
     t.insert("x-checksum", "abc".parse().unwrap());
     let (body, replay) = Replay::record(streamed(vec![b"hello ", b"world"], Some(t)));
     // Not yet sent: cannot be replayed.
-    assert_eq!(replay.replay().err(), Some("body still streaming"));
+    assert_eq!(replay.replay().err(), Some(NotReplayable::Streaming));
     let first = collect(body).await;
     assert_eq!(first.0, b"hello world");
     let again = collect(replay.replay().unwrap()).await;
@@ -104,7 +109,7 @@ async fn a_body_over_64_kib_is_not_kept() {
     static BIG: [u8; 40 * 1024] = [7; 40 * 1024];
     let (body, replay) = Replay::record(streamed(vec![&BIG, &BIG], None));
     assert_eq!(collect(body).await.0.len(), 80 * 1024);
-    assert_eq!(replay.replay().err(), Some("body larger than 64 KiB"));
+    assert_eq!(replay.replay().err(), Some(NotReplayable::TooBig));
     // An empty body is replayable at once.
     let (_, replay) = Replay::record(super::super::body::empty());
     assert_eq!(collect(replay.replay().unwrap()).await.0, b"");
@@ -122,4 +127,27 @@ async fn a_body_is_whole_once_it_says_it_has_ended_without_a_last_poll() {
     assert_eq!(frame.into_data().unwrap(), "hello");
     assert!(http_body::Body::is_end_stream(&body));
     assert_eq!(collect(replay.replay().unwrap()).await.0, b"hello");
+}
+
+#[tokio::test]
+async fn a_body_a_try_gave_up_untouched_is_sent_by_the_next_but_not_one_read_part_way() {
+    // A try that failed before reading anything (a dead connection): the next sends the
+    // whole body.
+    let (body, replay) = Replay::record(streamed(vec![b"hello ", b"world"], None));
+    drop(body);
+    let again = replay.replay().unwrap();
+    assert_eq!(collect(again).await.0, b"hello world");
+    // And having sent it whole, it can be sent again.
+    assert_eq!(collect(replay.replay().unwrap()).await.0, b"hello world");
+
+    // A try that read part of it: not sent whole, so not sent again.
+    let (mut body, replay) = Replay::record(streamed(vec![b"one ", b"two ", b"three"], None));
+    let first = body.frame().await.unwrap().unwrap();
+    assert_eq!(first.into_data().unwrap(), "one ");
+    drop(body);
+    assert_eq!(replay.replay().err(), Some(NotReplayable::Streaming));
+
+    // Nor one the first try is still sending (its response came first).
+    let (_sending, replay) = Replay::record(streamed(vec![b"x"], None));
+    assert_eq!(replay.replay().err(), Some(NotReplayable::Streaming));
 }
