@@ -120,8 +120,13 @@ impl Mesh {
     }
 
     async fn curl(&self, from: &str, args: &[&'static str]) -> String {
+        self.curl_path(from, "/", args).await
+    }
+
+    /// `curl` in `from` of `path` on the server's port 8080.
+    async fn curl_path(&self, from: &str, path: &str, args: &[&'static str]) -> String {
         let pod = self.t.pod(from).clone();
-        let url = format!("http://{}:8080/", self.t.pod("server").ip);
+        let url = format!("http://{}:8080{path}", self.t.pod("server").ip);
         let args: Vec<String> = args.iter().map(|s| s.to_string()).chain([url]).collect();
         tokio::task::spawn_blocking(move || {
             let args: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -608,6 +613,28 @@ async fn until_all(m: &Mesh, want: &[(&str, &str)]) -> Vec<(String, String)> {
     }
 }
 
+/// As [`until_all`], for (client, path, status) triples.
+async fn until_paths(m: &Mesh, want: &[(&str, &str, &str)]) -> Vec<String> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let mut got = Vec::new();
+        for (from, path, _) in want {
+            got.push(m.curl_path(from, path, &[]).await);
+        }
+        let ok = got
+            .iter()
+            .zip(want)
+            .all(|(out, (_, _, code))| status(out) == *code);
+        if ok || std::time::Instant::now() > deadline {
+            for (out, (from, path, code)) in got.iter().zip(want) {
+                assert_eq!(status(out), *code, "{from} {path}: {out}");
+            }
+            return got;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+}
+
 fn assert_statuses(got: &[(String, String)], want: &[(&str, &str)]) {
     for ((from, out), (_, code)) in got.iter().zip(want) {
         assert_eq!(status(out), *code, "{from}: {out}");
@@ -764,6 +791,97 @@ spec: {identities: ['spiffe://cluster.local/ns/shop/*']}
             &metrics,
             "inbound_tcp_authz_allow_total",
             &["authz_kind=\"audit\"", "srv_name=\"web\""]
+        ) >= 1,
+        "{metrics}"
+    );
+    m.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn routes_of_a_server_authorize_per_route_and_unmatched_requests_get_404() {
+    let t = Topology::new(&["client", "other", "outside", "server"]);
+    // The Server admits `client` everywhere; its HTTPRoute `admin` admits `other` too; a
+    // path no route of the Server matches is 404.
+    let objects = "---
+apiVersion: policy.ambit.dev/v1alpha1
+kind: MeshTLSAuthentication
+metadata: {name: clients, namespace: shop}
+spec: {identities: ['spiffe://cluster.local/ns/shop/sa/client']}
+---
+apiVersion: policy.ambit.dev/v1alpha1
+kind: MeshTLSAuthentication
+metadata: {name: others, namespace: shop}
+spec: {identities: ['spiffe://cluster.local/ns/shop/sa/other']}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: admin, namespace: shop}
+spec:
+  parentRefs: [{group: policy.ambit.dev, kind: Server, name: web}]
+  rules: [{matches: [{path: {type: PathPrefix, value: /admin}}]}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: public, namespace: shop}
+spec:
+  parentRefs: [{group: policy.ambit.dev, kind: Server, name: web}]
+  rules: [{matches: [{path: {type: PathPrefix, value: /public}}]}]
+---
+apiVersion: policy.ambit.dev/v1alpha1
+kind: AuthorizationPolicy
+metadata: {name: other-admin, namespace: shop}
+spec:
+  targetRef: {group: gateway.networking.k8s.io, kind: HTTPRoute, name: admin}
+  requiredAuthenticationRefs: [{group: policy.ambit.dev, kind: MeshTLSAuthentication, name: others}]
+";
+    let yaml = policy_cluster(
+        &t,
+        "deny",
+        &format!(
+            "{objects}{}",
+            authorization("client-only", &[("MeshTLSAuthentication", "clients")])
+        ),
+    );
+    let cp = ControlPlane::start(&yaml, &["node-a", "node-b"]).await;
+    let a = NodeProxy::start(&cp, "node-a").await;
+    let b = NodeProxy::start(&cp, "node-b").await;
+    let server = Netns::open(Path::new(&t.pod("server").path())).unwrap();
+    app(&server).await;
+    std::mem::forget(server);
+    let m = Mesh { t, cp, a, b };
+    let got = until_paths(
+        &m,
+        &[
+            ("other", "/admin/users", "200"),
+            ("other", "/public", "403"),
+            ("client", "/public", "200"),
+            ("client", "/admin", "200"),
+            ("client", "/orders", "404"),
+            // Plaintext: the admin route wants an identity.
+            ("outside", "/admin", "403"),
+        ],
+    )
+    .await;
+    // The 404 says why to a meshed client.
+    assert!(got[4].contains("ambit-proxy-error: no route"), "{}", got[4]);
+    let metrics = m.b.metrics().await;
+    assert!(
+        metric_sum(
+            &metrics,
+            "inbound_http_authz_allow_total",
+            &[
+                "authz_name=\"other-admin\"",
+                "route_kind=\"HTTPRoute\"",
+                "route_name=\"admin\""
+            ]
+        ) >= 1,
+        "{metrics}"
+    );
+    assert!(
+        metric_sum(
+            &metrics,
+            "inbound_http_authz_deny_total",
+            &["route_name=\"public\""]
         ) >= 1,
         "{metrics}"
     );
