@@ -325,3 +325,47 @@ fn endpoints_follow_their_slices_through_relabel_delete_and_relist() {
     assert!(ips(&idx, "api").is_empty());
     assert_eq!(ips(&idx, "web"), ["10.1.0.3"]);
 }
+
+#[test]
+fn a_servers_opaque_protocol_makes_its_port_opaque_for_clients() {
+    let yaml = r#"
+apiVersion: v1
+kind: Namespace
+metadata: {name: shop, annotations: {ambit.dev/mesh: enabled}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: db-0, namespace: shop, labels: {app: db}, annotations: {config.ambit.dev/opaque-ports: "7000"}}
+spec: {nodeName: node-a, serviceAccountName: db, containers: [{name: db, ports: [{name: sql, containerPort: 5433}, {name: admin, containerPort: 8080}]}]}
+status: {podIP: 10.1.0.9, phase: Running}
+---
+apiVersion: policy.ambit.dev/v1alpha1
+kind: Server
+metadata: {name: db-sql, namespace: shop}
+spec: {podSelector: {matchLabels: {app: db}}, port: sql, proxyProtocol: opaque}
+---
+apiVersion: policy.ambit.dev/v1alpha1
+kind: Server
+metadata: {name: db-admin, namespace: shop}
+spec: {podSelector: {matchLabels: {app: db}}, port: 8080, proxyProtocol: HTTP/1}
+"#;
+    let index = ClusterIndex::from_objects("cluster.local", objects(yaml)).unwrap();
+    let pod = index
+        .workloads()
+        .into_iter()
+        .find(|w| w.pod.name == "db-0")
+        .unwrap()
+        .pod;
+    let hints = index.port_hints(&pod);
+    // The annotation's port and the opaque Server's named port; not the HTTP Server's.
+    assert!(hints.opaque.contains(7000));
+    assert!(hints.opaque.contains(5433));
+    assert!(!hints.opaque.contains(8080));
+    // Without the Server, the annotation alone.
+    let without = ClusterIndex::from_objects(
+        "cluster.local",
+        objects(&yaml.replace("proxyProtocol: opaque", "proxyProtocol: unknown")),
+    )
+    .unwrap();
+    assert!(!without.port_hints(&pod).opaque.contains(5433));
+}

@@ -27,7 +27,6 @@
 use super::authz::{authorizations, ServerAuthorizations};
 use super::routes::RouteProblems;
 use super::server_routes::{attachments, inbound_routes, InboundRoutes};
-use crate::index::policy::{ServerInfo, ServerPort};
 use crate::index::{ClusterIndex, PodInfo};
 use ambit_api::policy::{default_port_policy, DEFAULT_INBOUND_POLICY_ANNOTATION, DEFAULT_POLICIES};
 use ambit_api::proto::policy as pb;
@@ -124,7 +123,7 @@ fn pod_policy(
 ) -> pb::PodPolicy {
     let default = default_policy(index, pod, d);
     let mut ports: BTreeMap<u16, pb::PortPolicy> = BTreeMap::new();
-    for (port, selecting) in selecting_servers(index, pod) {
+    for (port, selecting) in index.servers_selecting(pod) {
         let winner = selecting[0];
         for loser in &selecting[1..] {
             problems.conflicts.insert(
@@ -168,30 +167,6 @@ fn pod_policy(
         ports: ports.into_values().collect(),
         default: Some(default),
     }
-}
-
-/// The Servers that select each port of `pod`, oldest first.
-fn selecting_servers<'a>(
-    index: &'a ClusterIndex,
-    pod: &PodInfo,
-) -> BTreeMap<u16, Vec<&'a ServerInfo>> {
-    let mut by_port: BTreeMap<u16, Vec<&ServerInfo>> = BTreeMap::new();
-    for s in index.servers_in(&pod.namespace) {
-        if !s.selector.matches(&pod.labels) {
-            continue;
-        }
-        let port = match &s.port {
-            ServerPort::Number(n) => Some(*n),
-            ServerPort::Name(name) => pod.container_ports.get(name).copied(),
-        };
-        if let Some(port) = port {
-            by_port.entry(port).or_default().push(s);
-        }
-    }
-    for selecting in by_port.values_mut() {
-        selecting.sort_by(|a, b| (&a.created, &a.name).cmp(&(&b.created, &b.name)));
-    }
-    by_port
 }
 
 /// The default policy in effect for `pod`: its annotation, else its namespace's, else the
