@@ -17,6 +17,9 @@
 #           through two plain TCP relays that do nothing but copy (the floor of any design
 #           with a process in the path at each end; keep-alive and iperf3 only)
 #   mesh    cli -> proxy node-a -> mTLS/HTTP/2 -> proxy node-b -> srv
+#   policy  the mesh with policy in place: cli -> Service web (one HTTPRoute, one rule) ->
+#           proxy node-a -> proxy node-b -> srv2, whose port a Server selects and an
+#           AuthorizationPolicy (the client's identity) authorizes (HTTP only)
 # Each path runs oha keep-alive, oha new connection per request (not relay: socat forks per
 # connection) and iperf3 single stream. Results: bench/mesh/results/<timestamp>/ and a
 # summary on stdout. With eBPF, the programs attach to cgroups made for the run (never the
@@ -53,8 +56,8 @@ mkdir "$CG_A" "$CG_B" "$CG_R"
 client() { local ns=$1; shift; in_pod "$CG_A" "$ns" "$@"; }
 
 # --- topology ----------------------------------------------------------------------------
-pods_on_bridge "$P" cli dir srv sdir   # 10.78.0.2, .3, .4, .5
-CLI=10.78.0.2 DIR=10.78.0.3 SRV=10.78.0.4 SDIR=10.78.0.5
+pods_on_bridge "$P" cli dir srv sdir srv2   # 10.78.0.2, .3, .4, .5, .6
+CLI=10.78.0.2 DIR=10.78.0.3 SRV=10.78.0.4 SDIR=10.78.0.5 SRV2=10.78.0.6 WEB=10.96.0.50
 
 # --- control plane and proxies ------------------------------------------------------------
 "$BIN/ambit" pki init --out "$WORK/pki" >/dev/null
@@ -87,6 +90,48 @@ kind: Pod
 metadata: {name: sdir, namespace: bench, annotations: {ambit.dev/mesh: disabled}}
 spec: {nodeName: node-b, serviceAccountName: direct-server, containers: []}
 status: {podIP: $SDIR, phase: Running}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: srv2, namespace: bench, labels: {app: srv2}, annotations: {local.ambit.dev/netns: /run/netns/$P-srv2}}
+spec: {nodeName: node-b, serviceAccountName: server, containers: [{name: nginx, ports: [{name: http, containerPort: 8080}]}]}
+status: {podIP: $SRV2, phase: Running}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: bench}
+spec: {clusterIP: $WEB, ports: [{name: http, port: 8080}]}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-1, namespace: bench, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{name: http, port: 8080}]
+endpoints: [{addresses: ['$SRV2'], targetRef: {kind: Pod, name: srv2, namespace: bench}}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: web, namespace: bench}
+spec:
+  parentRefs: [{group: core, kind: Service, name: web, port: 8080}]
+  rules: [{matches: [{path: {type: PathPrefix, value: /}}], backendRefs: [{name: web, port: 8080}]}]
+---
+apiVersion: policy.ambit.dev/v1alpha1
+kind: Server
+metadata: {name: srv2-http, namespace: bench}
+spec: {podSelector: {matchLabels: {app: srv2}}, port: http, proxyProtocol: HTTP/1}
+---
+apiVersion: policy.ambit.dev/v1alpha1
+kind: MeshTLSAuthentication
+metadata: {name: client, namespace: bench}
+spec: {identities: ['spiffe://cluster.local/ns/bench/sa/client']}
+---
+apiVersion: policy.ambit.dev/v1alpha1
+kind: AuthorizationPolicy
+metadata: {name: client-only, namespace: bench}
+spec:
+  targetRef: {group: policy.ambit.dev, kind: Server, name: srv2-http}
+  requiredAuthenticationRefs: [{group: policy.ambit.dev, kind: MeshTLSAuthentication, name: client}]
 YAML
 printf 'nodes:\n  node-a: %s\n  node-b: %s\n' "$(openssl rand -hex 16)" "$(openssl rand -hex 16)" > "$WORK/tokens.yaml"
 grep node-a "$WORK/tokens.yaml" | awk '{print $2}' > "$WORK/node-a.token"
@@ -94,13 +139,15 @@ grep node-b "$WORK/tokens.yaml" | awk '{print $2}' > "$WORK/node-b.token"
 
 "$BIN/ambit-control" --trust-anchors "$WORK/pki/trust-anchor.crt" --issuer-cert "$WORK/pki/issuer.crt" \
     --issuer-key "$WORK/pki/issuer.key" --local-dir "$WORK/cluster" --node-tokens "$WORK/tokens.yaml" \
-    --identity-addr 127.0.0.1:18080 --discovery-addr 127.0.0.1:18086 --admin-addr 127.0.0.1:19990 \
+    --identity-addr 127.0.0.1:18080 --discovery-addr 127.0.0.1:18086 --policy-addr 127.0.0.1:18090 \
+    --admin-addr 127.0.0.1:19990 \
     --log warn 2>"$OUT/control.log" &
 PIDS+=($!)
 for node in a b; do
     port=$([ $node = a ] && echo 14191 || echo 14192)
     "$BIN/ambit-proxy" --node-name "node-$node" --identity-url https://127.0.0.1:18080 \
-        --discovery-url https://127.0.0.1:18086 --token-file "$WORK/node-$node.token" \
+        --discovery-url https://127.0.0.1:18086 --policy-url https://127.0.0.1:18090 \
+        --token-file "$WORK/node-$node.token" \
         --trust-anchors "$WORK/pki/trust-anchor.crt" --admin-addr "127.0.0.1:$port" --log warn \
         --redirect "$REDIRECT" --cgroup-path "$CG_ROOT/$P-$node" --bpf-pin-dir "/sys/fs/bpf/$P-$node" \
         --cni-socket '' --run-dir "$WORK/run-$node" \
@@ -123,6 +170,8 @@ start_servers "$P-srv" srv
 NGINX_SRV=${PIDS[-2]}
 start_servers "$P-sdir" sdir
 NGINX_SDIR=${PIDS[-2]}
+start_servers "$P-srv2" srv2
+NGINX_SRV2=${PIDS[-2]}
 # Two plain TCP relays per service (64 KiB buffers, as the proxies' copies), in a cgroup of
 # their own so that their CPU (every forked child included) is read from cpu.stat.
 relay() { # netns listen-addr listen-port target-addr target-port
@@ -137,13 +186,24 @@ sleep 1
 # nginx's one worker in each server pod: what one process in the path costs per request.
 NGINX_WORKER_SRV=$(pgrep -P "$NGINX_SRV")
 NGINX_WORKER_SDIR=$(pgrep -P "$NGINX_SDIR")
+NGINX_WORKER_SRV2=$(pgrep -P "$NGINX_SRV2")
+# The policy path's route and authorization reached the proxies: the route's metrics count
+# a request, and the Server's policy allowed it.
+for _ in $(seq 1 100); do
+    client "$P-cli" curl -sf "http://$WEB:8080/1k" -o /dev/null \
+        && curl -s 127.0.0.1:14191/metrics | grep -q '^outbound_http_route_request_statuses_total.*route_name="web"' \
+        && curl -s 127.0.0.1:14192/metrics | grep -q '^inbound_http_authz_allow_total.*authz_name="client-only"' \
+        && break
+    sleep 0.2
+done
+curl -s 127.0.0.1:14191/metrics | grep -q 'route_name="web"' || { echo "the policy path's route never arrived" >&2; exit 1; }
 
 TICK=$(getconf CLK_TCK)
 
-declare -A CLIENT=([direct]=$P-dir [relay]=$P-dir [mesh]=$P-cli)
-declare -A HTTP=([direct]=$SDIR:8080 [relay]=127.0.0.1:18080 [mesh]=$SRV:8080)
+declare -A CLIENT=([direct]=$P-dir [relay]=$P-dir [mesh]=$P-cli [policy]=$P-cli)
+declare -A HTTP=([direct]=$SDIR:8080 [relay]=127.0.0.1:18080 [mesh]=$SRV:8080 [policy]=$WEB:8080)
 declare -A IPERF=([direct]="$SDIR -p 5201" [relay]="127.0.0.1 -p 15201" [mesh]="$SRV -p 5201")
-declare -A NGINX_WORKER=([direct]=$NGINX_WORKER_SDIR [relay]=$NGINX_WORKER_SDIR [mesh]=$NGINX_WORKER_SRV)
+declare -A NGINX_WORKER=([direct]=$NGINX_WORKER_SDIR [relay]=$NGINX_WORKER_SDIR [mesh]=$NGINX_WORKER_SRV [policy]=$NGINX_WORKER_SRV2)
 
 run_oha() { # path keepalive(yes|no) file
     local extra=()
@@ -156,7 +216,7 @@ run_oha() { # path keepalive(yes|no) file
 # (utime + stime) for the mesh, the relays' cgroup for relay, nothing for direct.
 path_cpu() { # path
     case $1 in
-        mesh) echo $(( ($(cpu "$PROXY_A") + $(cpu "$PROXY_B")) * 1000000 / TICK )) ;;
+        mesh|policy) echo $(( ($(cpu "$PROXY_A") + $(cpu "$PROXY_B")) * 1000000 / TICK )) ;;
         relay) awk '$1 == "usage_usec" {print $2}' "$CG_R/cpu.stat" ;;
         *) echo 0 ;;
     esac
@@ -179,7 +239,7 @@ if [ -n "${PROFILE:-}" ]; then
 fi
 
 for round in $(seq 1 "$ROUNDS"); do
-    for path in direct relay mesh; do
+    for path in direct relay mesh policy; do
         for ka in yes no; do
             [ "${ONLY:-}" = iperf ] && continue
             [ "$path" = relay ] && [ "$ka" = no ] && continue
@@ -189,6 +249,7 @@ for round in $(seq 1 "$ROUNDS"); do
             echo "$(( c1 - c0 ))" > "$OUT/cpu-$path-ka$ka-$round.usec"
             echo "$(( (n1 - n0) * 1000000 / TICK ))" > "$OUT/cpu-nginx-$path-ka$ka-$round.usec"
         done
+        [ "$path" = policy ] && continue   # HTTP only: a route is per request
         c0=$(path_cpu $path)
         # shellcheck disable=SC2086 # host and port are two words
         client "${CLIENT[$path]}" iperf3 -c ${IPERF[$path]} -t 10 -J > "$OUT/iperf-$path-$round.json"

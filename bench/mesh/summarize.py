@@ -91,6 +91,21 @@ print("|---|---|---|---|")
 for ka, label in (("yes", "keep-alive"), ("no", "new connection per request")):
     print(f"| nginx, {label} | " + " | ".join(fmt(per_1000(p, ka, "nginx-"), 4) for p in PATHS) + " |")
 
+if oha("policy", "yes", 1) is not None:
+    print("\n## Policy: one HTTPRoute and one AuthorizationPolicy in place, against none\n")
+    print("The same mesh; `policy` goes to a Service whose HTTPRoute has one rule, to a pod whose")
+    print("port a Server selects with an AuthorizationPolicy for the client's identity.\n")
+    print("| measurement | mesh, no policy | mesh, route + authorization | added by policy |")
+    print("|---|---|---|---|")
+    for ka, label in (("yes", "keep-alive"), ("no", "new connection per request")):
+        for q in ("p50", "p99"):
+            m, p = series("mesh", ka, q), series("policy", ka, q)
+            print(f"| {label} {q} latency (ms) | {fmt(m)} | {fmt(p)} | {added(p, m)} ms |")
+        m, p = per_1000("mesh", ka), per_1000("policy", ka)
+        ratio = statistics.median(p) / statistics.median(m) - 1 if m and p else float("nan")
+        print(f"| CPU-seconds per 1000 requests, {label} | {fmt(m, 4)} | {fmt(p, 4)} | {ratio:+.1%} |")
+        print(f"| {label} success rate | {fmt(series('mesh', ka, 'ok'), 4)} | {fmt(series('policy', ka, 'ok'), 4)} | |")
+
 print("\n## Memory of each proxy: right after the last run, at rest 12 s later, peak\n")
 for node in ("A", "B"):
     mem = dict(line.split(":") for line in (out / f"mem-proxy-{node}.txt").read_text().splitlines())

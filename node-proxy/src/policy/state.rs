@@ -15,8 +15,9 @@ use std::sync::Arc;
 pub struct PolicyState {
     pods: HashMap<String, Arc<PodPolicy>>,
     fallback: Arc<PodPolicy>,
-    /// "<namespace>/<name>" of a Service → its routes.
-    services: HashMap<String, Arc<ServiceRoutes>>,
+    /// A Service's namespace → its name → its routes (looked up per request without
+    /// building a key).
+    services: HashMap<String, HashMap<String, Arc<ServiceRoutes>>>,
     /// Whether a snapshot has arrived.
     synced: bool,
     /// Bumped on every change: connections re-check their verdict when it moves.
@@ -49,7 +50,7 @@ impl PolicyState {
 
     /// The routes of Service `namespace`/`name`, if it has any.
     pub fn routes(&self, namespace: &str, name: &str) -> Option<Arc<ServiceRoutes>> {
-        self.services.get(&format!("{namespace}/{name}")).cloned()
+        self.services.get(namespace)?.get(name).cloned()
     }
 
     /// Whether a snapshot has arrived.
@@ -109,21 +110,37 @@ impl PolicyState {
         } else {
             std::mem::take(&mut self.services)
         };
-        for name in &update.removed_services {
-            next.remove(name);
-        }
-        for s in &update.services {
-            match ServiceRoutes::from_pb(s) {
-                Ok(routes) => {
-                    next.insert(s.service.clone(), Arc::new(routes));
-                }
-                Err(e) => {
-                    if let Some(old) = self.services.get(&s.service) {
-                        next.insert(s.service.clone(), old.clone());
+        for key in &update.removed_services {
+            if let Some((ns, name)) = key.split_once('/') {
+                if let Some(by_name) = next.get_mut(ns) {
+                    by_name.remove(name);
+                    if by_name.is_empty() {
+                        next.remove(ns);
                     }
-                    refused.push(e);
                 }
             }
+        }
+        for s in &update.services {
+            let Some((ns, name)) = s.service.split_once('/') else {
+                refused.push(format!(
+                    "Service routes for {:?}: not <namespace>/<name>",
+                    s.service
+                ));
+                continue;
+            };
+            let parsed = match ServiceRoutes::from_pb(s) {
+                Ok(routes) => Arc::new(routes),
+                Err(e) => {
+                    refused.push(e);
+                    match self.services.get(ns).and_then(|m| m.get(name)) {
+                        Some(old) => old.clone(),
+                        None => continue,
+                    }
+                }
+            };
+            next.entry(ns.to_string())
+                .or_default()
+                .insert(name.to_string(), parsed);
         }
         self.services = next;
     }

@@ -9,6 +9,7 @@ use super::detect::{Protocol, Rewind};
 use super::http_metrics::ConnectionSeries;
 use super::metrics::TrafficLabels;
 use super::resolve::{settle_response, Resolved};
+use super::route_metrics::RouteCache;
 use super::tunnel::Tunnel;
 use super::{PodContext, ProxyError, Shared, ERROR_HEADER};
 use ambit_api::WorkloadIdentity;
@@ -92,11 +93,14 @@ pub(super) async fn serve_outbound(
     let shared_idle = shared.http_idle_timeout;
     let stall = super::write_stall_limit(&shared);
     let labels = TrafficLabels::outbound(&pod.workload, String::new(), String::new());
-    let conn_series = Arc::new(ConnectionSeries::new(shared.http.clone(), labels));
+    let conn = Arc::new(ConnMetrics {
+        series: ConnectionSeries::new(shared.http.clone(), labels),
+        routes: RouteCache::default(),
+    });
     let service = service_fn(move |req: Request<Incoming>| {
-        let (pod, shared, conn_series) = (pod.clone(), shared.clone(), conn_series.clone());
+        let (pod, shared, conn) = (pod.clone(), shared.clone(), conn.clone());
         async move {
-            let resp = outbound_request(req, dst, &pod, &shared, &conn_series).await;
+            let resp = outbound_request(req, dst, &pod, &shared, &conn).await;
             Ok::<_, std::convert::Infallible>(resp)
         }
     });
@@ -139,15 +143,21 @@ pub(super) async fn serve_outbound(
     }
 }
 
+/// What an outbound connection's requests share for their metrics.
+struct ConnMetrics {
+    series: ConnectionSeries,
+    routes: RouteCache,
+}
+
 async fn outbound_request(
     req: Request<Incoming>,
     dst: SocketAddr,
     pod: &PodContext,
     shared: &Shared,
-    conn_series: &ConnectionSeries,
+    conn: &ConnMetrics,
 ) -> Response<Body> {
     let grpc = super::classify::is_grpc(req.headers());
-    let resp = route_request(req, dst, pod, shared, conn_series).await;
+    let resp = route_request(req, dst, pod, shared, conn).await;
     if grpc {
         grpc_answer(resp)
     } else {
@@ -193,8 +203,9 @@ async fn route_request(
     dst: SocketAddr,
     pod: &PodContext,
     shared: &Shared,
-    conn_series: &ConnectionSeries,
+    conn: &ConnMetrics,
 ) -> Response<Body> {
+    let conn_series = &conn.series;
     let start = Instant::now();
     let original = Resolved::now(dst, shared);
     let dst_service = original.dst_service();
@@ -239,6 +250,7 @@ async fn route_request(
         pod,
         shared,
         conn_series,
+        cache: &conn.routes,
     };
     trying.serve(parts, body).await
 }

@@ -9,11 +9,12 @@ use super::http::{error_response, try_once};
 use super::http_metrics::ConnectionSeries;
 use super::resolve::{Resolved, ServicePort};
 use super::retry::{backoff, retryable, NotReplayable, Replay};
-use super::route_metrics::{NotRetried, RouteLabels};
+use super::route_metrics::{NotRetried, RouteCache, RouteLabels};
 use super::{PodContext, ProxyError, Shared};
 use crate::policy::routes::{select, Backend, RequestParts, Rule};
 use http::request::Parts;
 use http::{Request, Response};
+use std::borrow::Cow;
 use std::sync::Arc;
 
 /// The rule of `original`'s Service port that matches `req`: None when the destination is
@@ -44,14 +45,15 @@ pub(super) fn rule<B>(
 }
 
 /// Where one try goes: a backend of `rule` by weight (None: the parent Service,
-/// `original`), resolved to its endpoints.
-pub(super) fn backend(
+/// `original`), resolved to its endpoints — the parent's own resolution when the backend
+/// is the parent.
+pub(super) fn backend<'a>(
     rule: Option<&Rule>,
-    original: &Resolved,
+    original: &'a Resolved,
     shared: &Shared,
-) -> Result<(Option<Backend>, Resolved), ProxyError> {
+) -> Result<(Option<Backend>, Cow<'a, Resolved>), ProxyError> {
     let Some(rule) = rule else {
-        return Ok((None, original.clone()));
+        return Ok((None, Cow::Borrowed(original)));
     };
     if rule.has_no_usable_backend() {
         return Err(ProxyError::BadRoute(format!(
@@ -60,8 +62,15 @@ pub(super) fn backend(
         )));
     }
     let Some(b) = rule.backend(fastrand::f64()) else {
-        return Ok((None, original.clone()));
+        return Ok((None, Cow::Borrowed(original)));
     };
+    let parent = original
+        .service
+        .as_ref()
+        .is_some_and(|s| s.namespace == b.namespace && s.name == b.name && s.port == b.port);
+    if parent {
+        return Ok((Some(b.clone()), Cow::Borrowed(original)));
+    }
     let resolved = Resolved::service(&b.namespace, &b.name, b.port, &shared.state.borrow())
         .ok_or_else(|| {
             // Gateway API: a request drawn to an invalid backend gets 500.
@@ -70,7 +79,7 @@ pub(super) fn backend(
                 b.namespace, b.name, b.port, rule.route_kind, rule.route_namespace, rule.route_name
             ))
         })?;
-    Ok((Some(b.clone()), resolved))
+    Ok((Some(b.clone()), Cow::Owned(resolved)))
 }
 
 /// A request on its way through a route.
@@ -81,6 +90,8 @@ pub(super) struct Trying<'a> {
     pub pod: &'a PodContext,
     pub shared: &'a Shared,
     pub conn_series: &'a ConnectionSeries,
+    /// The route metrics' handles this connection has used.
+    pub cache: &'a RouteCache,
 }
 
 impl Trying<'_> {
@@ -95,9 +106,11 @@ impl Trying<'_> {
         // A GRPCRoute's requests, or gRPC on a Service's default rule (its content-type).
         let grpc = rule.grpc || super::classify::is_grpc(&parts.headers);
         let metrics = self
-            .shared
-            .routes
-            .request(RouteLabels::new(&self.pod.workload, &parent, &rule), grpc);
+            .cache
+            .get(&self.shared.routes, &rule, grpc, || {
+                RouteLabels::new(&self.pod.workload, &parent, &rule)
+            })
+            .request();
         let tries = self.tries(&parent, &metrics, parts, body);
         let started = tokio::time::Instant::now();
         let (mut resp, error, retried) = match rule.timeouts.request {

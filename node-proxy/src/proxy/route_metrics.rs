@@ -17,6 +17,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use std::pin::Pin;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -211,34 +212,102 @@ impl RouteMetrics {
         }
     }
 
-    /// The handle of one request on a route.
-    pub fn request(&self, labels: RouteLabels, grpc: bool) -> RouteRequest {
+    /// The handles of one route for one client pod, resolved once: a connection keeps
+    /// them ([`RouteCache`]), so that a request does not hash nine labels into each
+    /// family (as [`super::http_metrics::ConnectionSeries`] does for the golden metrics).
+    pub fn handles(&self, labels: RouteLabels, grpc: bool) -> Arc<RouteHandles> {
         self.routes.track(&labels.namespace, &labels.pod, &labels);
-        RouteRequest {
+        let f = if grpc { &self.grpc } else { &self.http };
+        Arc::new(RouteHandles {
+            durations: f.durations.get_or_create(&labels).clone(),
             metrics: self.clone(),
             labels,
             grpc,
-            start: tokio::time::Instant::now(),
-        }
+            statuses: Mutex::default(),
+            backends: Mutex::default(),
+        })
     }
 }
 
-/// One request on a route, counted as it goes.
-#[derive(Clone, Debug)]
-pub struct RouteRequest {
+/// Counters of one route for one client pod.
+#[derive(Debug)]
+pub struct RouteHandles {
     metrics: RouteMetrics,
     labels: RouteLabels,
     grpc: bool,
-    start: tokio::time::Instant,
+    durations: Histogram,
+    /// By (status, error), as they appear.
+    statuses: Mutex<Vec<(String, &'static str, Counter)>>,
+    /// By backend (namespace, name, port), as they appear.
+    backends: Mutex<Vec<(String, String, u16, Counter)>>,
 }
 
-impl RouteRequest {
+/// Distinct statuses or backends a route's handles keep; beyond, they are resolved each
+/// time.
+const MAX_KEPT: usize = 16;
+
+impl RouteHandles {
+    /// A request on the route starts.
+    pub fn request(self: &Arc<Self>) -> RouteRequest {
+        RouteRequest {
+            handles: self.clone(),
+            start: tokio::time::Instant::now(),
+        }
+    }
+
     fn families(&self) -> &Families {
         if self.grpc {
             &self.metrics.grpc
         } else {
             &self.metrics.http
         }
+    }
+}
+
+/// The routes' handles one connection has used, by rule (its requests mostly take the
+/// same few).
+#[derive(Debug, Default)]
+pub struct RouteCache(Mutex<Vec<CachedRoute>>);
+
+/// A rule, whether its requests were gRPC, and its handles.
+type CachedRoute = (Arc<Rule>, bool, Arc<RouteHandles>);
+
+impl RouteCache {
+    /// The handles of `rule` (gRPC or not), made with `labels` the first time.
+    pub fn get(
+        &self,
+        metrics: &RouteMetrics,
+        rule: &Arc<Rule>,
+        grpc: bool,
+        labels: impl FnOnce() -> RouteLabels,
+    ) -> Arc<RouteHandles> {
+        let mut seen = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((_, _, h)) = seen
+            .iter()
+            .find(|(r, g, _)| Arc::ptr_eq(r, rule) && *g == grpc)
+        {
+            return h.clone();
+        }
+        let h = metrics.handles(labels(), grpc);
+        if seen.len() >= MAX_KEPT {
+            // Routes replaced by policy updates: start again.
+            seen.clear();
+        }
+        seen.push((rule.clone(), grpc, h.clone()));
+        h
+    }
+}
+
+/// One request on a route, counted as it goes.
+#[derive(Clone, Debug)]
+pub struct RouteRequest {
+    handles: Arc<RouteHandles>,
+    start: tokio::time::Instant,
+}
+
+impl RouteRequest {
+    fn families(&self) -> &Families {
+        self.handles.families()
     }
 
     /// A try goes to `backend` (None: the parent Service).
@@ -247,23 +316,36 @@ impl RouteRequest {
             Some(b) => (&b.namespace, &b.name, b.port),
             None => (&parent.namespace, &parent.name, parent.port),
         };
+        let h = &self.handles;
+        let mut kept = h.backends.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((_, _, _, c)) = kept
+            .iter()
+            .find(|(ns, n, p, _)| ns == namespace && n == name && *p == port)
+        {
+            c.inc();
+            return;
+        }
         let l = BackendLabels {
-            route: self.labels.clone(),
+            route: h.labels.clone(),
             backend_namespace: namespace.clone(),
             backend_name: name.clone(),
             backend_port: port.to_string(),
         };
-        self.metrics
+        h.metrics
             .backends
             .track(&l.route.namespace, &l.route.pod, &l);
-        self.families().backends.get_or_create(&l).inc();
+        let c = self.families().backends.get_or_create(&l).clone();
+        c.inc();
+        if kept.len() < MAX_KEPT {
+            kept.push((namespace.clone(), name.clone(), port, c));
+        }
     }
 
     /// A retry is sent.
     pub fn retry(&self) {
         self.families()
             .retry_requests
-            .get_or_create(&self.labels)
+            .get_or_create(&self.handles.labels)
             .inc();
     }
 
@@ -275,7 +357,7 @@ impl RouteRequest {
             NotRetried::Overflow => &f.retry_overflow,
             NotRetried::Budget => &f.retry_budget_exhausted,
         }
-        .get_or_create(&self.labels)
+        .get_or_create(&self.handles.labels)
         .inc();
     }
 
@@ -319,12 +401,9 @@ struct End {
 
 impl End {
     fn record(self, elapsed: Duration) {
-        let r = &self.request;
-        let f = r.families();
-        f.durations
-            .get_or_create(&r.labels)
-            .observe(elapsed.as_secs_f64());
-        let status = match (self.error, r.grpc) {
+        let h = &self.request.handles;
+        h.durations.observe(elapsed.as_secs_f64());
+        let status = match (self.error, h.grpc) {
             (Some(_), _) => String::new(),
             (None, true) => self.grpc.map(GrpcCode::label).unwrap_or_default(),
             (None, false) => self.status.as_u16().to_string(),
@@ -333,17 +412,27 @@ impl End {
             == super::classify::Class::Success
             && self.error.is_none();
         if self.retried && success {
-            f.retry_successes.get_or_create(&r.labels).inc();
+            h.families().retry_successes.get_or_create(&h.labels).inc();
+        }
+        let error = self.error.unwrap_or_default();
+        let mut kept = h.statuses.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((_, _, c)) = kept.iter().find(|(s, e, _)| *s == status && *e == error) {
+            c.inc();
+            return;
         }
         let l = StatusLabels {
-            route: r.labels.clone(),
-            status,
-            error: self.error.unwrap_or_default().to_string(),
+            route: h.labels.clone(),
+            status: status.clone(),
+            error: error.to_string(),
         };
-        r.metrics
+        h.metrics
             .statuses
             .track(&l.route.namespace, &l.route.pod, &l);
-        f.statuses.get_or_create(&l).inc();
+        let c = h.families().statuses.get_or_create(&l).clone();
+        c.inc();
+        if kept.len() < MAX_KEPT {
+            kept.push((status, error, c));
+        }
     }
 }
 
