@@ -90,6 +90,78 @@ impl http_body::Body for Timed {
     }
 }
 
+/// What a body's end tells whoever counts it (the golden and the route metrics).
+pub trait OnEnd: Send + Sync + Unpin + 'static {
+    /// The body's trailers went by.
+    fn trailers(&mut self, trailers: &http::HeaderMap);
+    /// The body failed before its end.
+    fn failed(&mut self);
+    /// The body ended, or was dropped before its end: called once.
+    fn end(self);
+}
+
+/// `body`, calling `on` as it goes and once when it ends (or is dropped).
+pub fn on_end<E: OnEnd>(body: Body, on: E) -> Body {
+    Ending {
+        inner: body,
+        on: Some(on),
+    }
+    .boxed()
+}
+
+struct Ending<E: OnEnd> {
+    inner: Body,
+    on: Option<E>,
+}
+
+impl<E: OnEnd> http_body::Body for Ending<E> {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, BoxError>>> {
+        use std::task::Poll;
+        let polled = std::pin::Pin::new(&mut self.inner).poll_frame(cx);
+        match &polled {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let (Some(on), Some(t)) = (self.on.as_mut(), frame.trailers_ref()) {
+                    on.trailers(t);
+                }
+            }
+            Poll::Ready(Some(Err(_))) => {
+                if let Some(on) = self.on.as_mut() {
+                    on.failed();
+                }
+            }
+            Poll::Ready(None) => {
+                if let Some(on) = self.on.take() {
+                    on.end();
+                }
+            }
+            Poll::Pending => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl<E: OnEnd> Drop for Ending<E> {
+    fn drop(&mut self) {
+        if let Some(on) = self.on.take() {
+            on.end();
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,21 +1,16 @@
 //! HTTP golden metrics, with Linkerd's names: requests, responses by status and
 //! classification (gRPC status included), latency.
 
-use super::body::{Body, BoxError};
+use super::body::Body;
 use super::classify::{classify, GrpcCode};
 use super::metrics::TrafficLabels;
 use ambit_api::WorkloadIdentity;
-use bytes::Bytes;
-use http_body::{Frame, SizeHint};
-use http_body_util::BodyExt;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 /// Latency buckets in milliseconds, as Linkerd's.
@@ -180,15 +175,12 @@ impl Series {
         let status = resp.status();
         let grpc = GrpcCode::of(resp.headers());
         let (parts, body) = resp.into_parts();
-        let observed = Observed {
-            inner: body,
-            finish: Some(Finish {
-                series: self.clone(),
-                status,
-                grpc,
-            }),
+        let finish = Finish {
+            series: self.clone(),
+            status,
+            grpc,
         };
-        http::Response::from_parts(parts, observed.boxed())
+        http::Response::from_parts(parts, super::body::on_end(body, finish))
     }
 }
 
@@ -227,58 +219,20 @@ impl Finish {
     }
 }
 
-struct Observed {
-    inner: Body,
-    finish: Option<Finish>,
-}
-
-impl http_body::Body for Observed {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let polled = Pin::new(&mut self.inner).poll_frame(cx);
-        match &polled {
-            Poll::Ready(Some(Ok(frame))) => {
-                if let Some(t) = frame.trailers_ref() {
-                    if let (Some(f), Some(g)) = (self.finish.as_mut(), GrpcCode::of(t)) {
-                        f.grpc = Some(g);
-                    }
-                }
-            }
-            Poll::Ready(Some(Err(_))) => {
-                if let Some(f) = self.finish.as_mut() {
-                    // A body cut short is a failure whatever the status said.
-                    f.status = http::StatusCode::BAD_GATEWAY;
-                }
-            }
-            Poll::Ready(None) => {
-                if let Some(f) = self.finish.take() {
-                    f.record();
-                }
-            }
-            Poll::Pending => {}
+impl super::body::OnEnd for Finish {
+    fn trailers(&mut self, t: &http::HeaderMap) {
+        if let Some(g) = GrpcCode::of(t) {
+            self.grpc = Some(g);
         }
-        polled
     }
 
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+    fn failed(&mut self) {
+        // A body cut short is a failure whatever the status said.
+        self.status = http::StatusCode::BAD_GATEWAY;
     }
 
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
-}
-
-impl Drop for Observed {
-    fn drop(&mut self) {
-        if let Some(f) = self.finish.take() {
-            f.record();
-        }
+    fn end(self) {
+        self.record();
     }
 }
 

@@ -4,21 +4,16 @@
 //! Labels: the client pod (`namespace`, `pod`, `workload`), `parent_*` (the Service),
 //! `route_*` (the route).
 
-use super::body::{Body, BoxError};
+use super::body::Body;
 use super::classify::GrpcCode;
 use crate::discovery::Workload;
 use crate::policy::routes::{Backend, Rule};
-use bytes::Bytes;
-use http_body::{Frame, SizeHint};
-use http_body_util::BodyExt;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 /// Request duration buckets in seconds, as Linkerd's route metrics.
@@ -380,14 +375,7 @@ impl RouteRequest {
             error,
             retried,
         };
-        http::Response::from_parts(
-            parts,
-            Ended {
-                inner: body,
-                end: Some(end),
-            }
-            .boxed(),
-        )
+        http::Response::from_parts(parts, super::body::on_end(body, end))
     }
 }
 
@@ -436,60 +424,19 @@ impl End {
     }
 }
 
-/// A response body that records its request when it ends (or is dropped).
-struct Ended {
-    inner: Body,
-    end: Option<End>,
-}
-
-impl http_body::Body for Ended {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let polled = Pin::new(&mut self.inner).poll_frame(cx);
-        match &polled {
-            Poll::Ready(Some(Ok(frame))) => {
-                if let (Some(e), Some(g)) = (
-                    self.end.as_mut(),
-                    frame.trailers_ref().and_then(GrpcCode::of),
-                ) {
-                    e.grpc = Some(g);
-                }
-            }
-            Poll::Ready(Some(Err(_))) => {
-                if let Some(e) = self.end.as_mut() {
-                    e.error = Some("stream");
-                }
-            }
-            Poll::Ready(None) => {
-                if let Some(e) = self.end.take() {
-                    let elapsed = e.request.start.elapsed();
-                    e.record(elapsed);
-                }
-            }
-            Poll::Pending => {}
+impl super::body::OnEnd for End {
+    fn trailers(&mut self, t: &http::HeaderMap) {
+        if let Some(g) = GrpcCode::of(t) {
+            self.grpc = Some(g);
         }
-        polled
     }
 
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+    fn failed(&mut self) {
+        self.error = Some("stream");
     }
 
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
-}
-
-impl Drop for Ended {
-    fn drop(&mut self) {
-        if let Some(e) = self.end.take() {
-            let elapsed = e.request.start.elapsed();
-            e.record(elapsed);
-        }
+    fn end(self) {
+        let elapsed = self.request.start.elapsed();
+        self.record(elapsed);
     }
 }
