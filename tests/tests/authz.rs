@@ -565,6 +565,18 @@ spec: {{podSelector: {{matchLabels: {{app: server}}}}, port: http, proxyProtocol
     )
 }
 
+/// The NetworkAuthentication `subnet`: the pods' subnet except `ip`.
+fn subnet_except(ip: std::net::Ipv4Addr) -> String {
+    format!(
+        "---
+apiVersion: policy.ambit.dev/v1alpha1
+kind: NetworkAuthentication
+metadata: {{name: subnet, namespace: shop}}
+spec: {{networks: [{{cidr: 10.77.0.0/24, except: ['{ip}/32']}}]}}
+"
+    )
+}
+
 /// An AuthorizationPolicy `name` on the Server `web` requiring `refs` (kind/name pairs).
 fn authorization(name: &str, refs: &[(&str, &str)]) -> String {
     let refs: Vec<String> = refs
@@ -698,15 +710,7 @@ spec: {identities: ['spiffe://cluster.local/ns/shop/sa/client']}
     // A NetworkAuthentication for the pods' subnet except `other`: the plaintext client
     // is admitted by its address, `other` stays out (its address is excepted, its
     // identity not named).
-    let other = m.t.pod("other").ip;
-    let subnet = format!(
-        "---
-apiVersion: policy.ambit.dev/v1alpha1
-kind: NetworkAuthentication
-metadata: {{name: subnet, namespace: shop}}
-spec: {{networks: [{{cidr: 10.77.0.0/24, except: ['{other}/32']}}]}}
-"
-    );
+    let subnet = subnet_except(m.t.pod("other").ip);
     m.cp.set_cluster(&policy_cluster(
         &m.t,
         "deny",
@@ -731,15 +735,7 @@ spec: {{networks: [{{cidr: 10.77.0.0/24, except: ['{other}/32']}}]}}
 
     // Both requirements in one policy must both match: the client's identity from an
     // address outside the NetworkAuthentication is refused.
-    let client = m.t.pod("client").ip;
-    let not_client = format!(
-        "---
-apiVersion: policy.ambit.dev/v1alpha1
-kind: NetworkAuthentication
-metadata: {{name: subnet, namespace: shop}}
-spec: {{networks: [{{cidr: 10.77.0.0/24, except: ['{client}/32']}}]}}
-"
-    );
+    let not_client = subnet_except(m.t.pod("client").ip);
     m.cp.set_cluster(&policy_cluster(
         &m.t,
         "deny",

@@ -49,7 +49,8 @@ async fn proxy(
         ));
     }
     let resolved = Resolved::now(dst, shared);
-    let (protocol, mut client) = if resolved.opaque {
+    let opaque = resolved.opaque(&shared.state.borrow());
+    let (protocol, mut client) = if opaque {
         (
             Protocol::Opaque,
             super::detect::Rewind::new(Vec::new(), client),
@@ -64,7 +65,7 @@ async fn proxy(
         return Ok(());
     }
     // Detection may have waited (a server-speaks-first protocol): resolve again.
-    let resolved = if resolved.opaque {
+    let resolved = if opaque {
         resolved
     } else {
         Resolved::now(dst, shared)

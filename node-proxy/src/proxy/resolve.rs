@@ -38,9 +38,6 @@ pub(super) struct Resolved {
     pub service: Option<ServicePort>,
     /// Where it may go: the Service's ready endpoints, else `dst` itself.
     pub targets: Vec<Target>,
-    /// Connections skip protocol detection: the destination pod's opaque ports (for a
-    /// Service, any of its endpoints'), else Linkerd's default opaque ports.
-    pub opaque: bool,
     /// Neither a Service nor a known pod: subject to `--outbound-unknown`.
     unknown: bool,
 }
@@ -48,7 +45,7 @@ pub(super) struct Resolved {
 impl Resolved {
     /// Resolves `dst` against what discovery knows.
     pub fn new(dst: SocketAddr, state: &DiscoveryState) -> Self {
-        Self::of(dst, state.resolve(dst), state)
+        Self::of(dst, state.resolve(dst))
     }
 
     /// Port `port` of Service `namespace`/`name` (a route's backend); None when discovery
@@ -57,10 +54,10 @@ impl Resolved {
         let dest = state.service(namespace, name, port)?;
         // A backend has no address of its own: its ClusterIP is never connected to.
         let dst = SocketAddr::new(std::net::Ipv4Addr::UNSPECIFIED.into(), port);
-        Some(Self::of(dst, dest, state))
+        Some(Self::of(dst, dest))
     }
 
-    fn of(dst: SocketAddr, dest: Destination, state: &DiscoveryState) -> Self {
+    fn of(dst: SocketAddr, dest: Destination) -> Self {
         match dest {
             Destination::Service {
                 service,
@@ -68,11 +65,6 @@ impl Resolved {
                 endpoints,
             } => Self {
                 dst,
-                opaque: endpoints.iter().any(|(addr, _)| {
-                    state
-                        .workload_by_ip(addr.ip())
-                        .is_some_and(|w| w.opaque_ports.contains(addr.port()))
-                }),
                 service: Some(ServicePort {
                     namespace: service.namespace.clone(),
                     name: service.name.clone(),
@@ -90,7 +82,6 @@ impl Resolved {
             Destination::Pod(w, addr) => Self {
                 dst,
                 service: None,
-                opaque: w.opaque_ports.contains(addr.port()),
                 targets: vec![Target {
                     addr,
                     identity: w.meshed.then(|| w.identity.clone()),
@@ -100,7 +91,6 @@ impl Resolved {
             Destination::Unknown(addr) => Self {
                 dst,
                 service: None,
-                opaque: default_opaque_ports().contains(addr.port()),
                 targets: vec![Target {
                     addr,
                     identity: None,
@@ -108,6 +98,20 @@ impl Resolved {
                 unknown: true,
             },
         }
+    }
+
+    /// Whether connections skip protocol detection: the destination pod's opaque ports
+    /// (for a Service, any of its endpoints'), else Linkerd's default opaque ports. Asked
+    /// once per connection, not per request.
+    pub fn opaque(&self, state: &DiscoveryState) -> bool {
+        if self.unknown {
+            return default_opaque_ports().contains(self.dst.port());
+        }
+        self.targets.iter().any(|t| {
+            state
+                .workload_by_ip(t.addr.ip())
+                .is_some_and(|w| w.opaque_ports.contains(t.addr.port()))
+        })
     }
 
     /// Resolves `dst` with the proxy's current discovery state.
