@@ -26,6 +26,8 @@
 //! - [`stream`]: what the streams from the control plane share (reconnection, chunks).
 //! - [`proxy`]: the data path — the in-pod listeners, the mesh tunnel, L7.
 //! - [`netns`]: sockets inside a pod's network namespace.
+//! - [`persist`]: the state kept on disk (discovery, policy, keys and certificates) so
+//!   that a restart while the control plane is away serves from it.
 
 pub mod admin;
 pub mod app;
@@ -38,6 +40,7 @@ pub mod identity;
 pub mod limits;
 pub mod logging;
 pub mod netns;
+pub mod persist;
 pub mod pods;
 pub mod policy;
 pub mod proxy;

@@ -353,5 +353,7 @@ impl DiscoveryState {
     }
 }
 
+mod snapshot;
+
 #[cfg(test)]
 mod tests;

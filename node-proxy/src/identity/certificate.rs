@@ -25,6 +25,11 @@ pub struct WorkloadCertificate {
     received_at: Instant,
     /// How old the certificate was when it arrived (notBefore is backdated).
     age_at_receipt: Duration,
+    /// The private key, PKCS#8 DER: a secret, kept only to be written to the proxy's
+    /// state directory (mode 0600) so that a restart can serve with it.
+    key_pkcs8: Arc<[u8]>,
+    /// Read back from the state directory rather than obtained from the CA by this process.
+    restored: bool,
 }
 
 impl std::fmt::Debug for WorkloadCertificate {
@@ -33,6 +38,7 @@ impl std::fmt::Debug for WorkloadCertificate {
             .field("identity", &self.identity.to_string())
             .field("not_before", &self.not_before)
             .field("not_after", &self.not_after)
+            .field("restored", &self.restored)
             .finish_non_exhaustive()
     }
 }
@@ -49,7 +55,33 @@ impl WorkloadCertificate {
         key: &KeyPair,
         resp: CertifyResponse,
     ) -> Result<Self, CaError> {
-        let leaf = CertificateDer::from(resp.leaf_der);
+        let mut chain = vec![CertificateDer::from(resp.leaf_der)];
+        chain.extend(resp.intermediates_der.into_iter().map(CertificateDer::from));
+        Self::from_chain(id, key, chain, false)
+    }
+
+    /// A certificate read back from disk: the same checks as the CA's answer gets (the
+    /// caller verifies the chain against the trust anchors first).
+    pub fn restore(
+        id: &WorkloadIdentity,
+        key: &KeyPair,
+        chain: Vec<CertificateDer<'static>>,
+    ) -> Result<Self, CaError> {
+        Self::from_chain(id, key, chain, true)
+    }
+
+    /// Checks `chain` (leaf first) against what was asked (identity, our key, validity)
+    /// and builds the rustls key.
+    fn from_chain(
+        id: &WorkloadIdentity,
+        key: &KeyPair,
+        chain: Vec<CertificateDer<'static>>,
+        restored: bool,
+    ) -> Result<Self, CaError> {
+        let leaf = chain
+            .first()
+            .cloned()
+            .ok_or_else(|| bad("no certificate"))?;
         let got = svid_identity(&leaf).map_err(|e| bad(e.to_string()))?;
         if &got != id {
             return Err(bad(format!("asked for {id}, got a certificate for {got}")));
@@ -66,9 +98,8 @@ impl WorkloadCertificate {
             .duration_since(now)
             .map_err(|_| bad("the certificate has already expired"))?;
 
-        let mut chain = vec![leaf.clone()];
-        chain.extend(resp.intermediates_der.into_iter().map(CertificateDer::from));
-        let key_der = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()));
+        let key_pkcs8: Arc<[u8]> = key.serialize_der().into();
+        let key_der = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key_pkcs8.to_vec()));
         let signing_key = crate::tls::provider()
             .key_provider
             .load_private_key(key_der)
@@ -83,7 +114,19 @@ impl WorkloadCertificate {
             expires_at: received_at + remaining,
             received_at,
             age_at_receipt: now.duration_since(not_before).unwrap_or_default(),
+            key_pkcs8,
+            restored,
         })
+    }
+
+    /// The private key, PKCS#8 DER. A secret: for the state directory only.
+    pub(crate) fn key_pkcs8_der(&self) -> &[u8] {
+        &self.key_pkcs8
+    }
+
+    /// Whether it was read back from disk (a restart) rather than obtained from the CA.
+    pub fn restored(&self) -> bool {
+        self.restored
     }
 
     /// The identity the certificate proves.

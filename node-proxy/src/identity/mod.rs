@@ -4,8 +4,14 @@
 //! (it never leaves this process), asks the CA for a certificate, and from then on renews
 //! it at 70 % of its lifetime (less a random jitter, so that a node's identities and a
 //! cluster's nodes do not all renew at once). While the CA is unreachable it retries with
-//! exponential backoff and keeps serving the current certificate until it expires. When
-//! the last pod of an identity leaves, its key and certificate are dropped.
+//! exponential backoff — the delay never more than a quarter of the time the current
+//! certificate has left, so retries come every few seconds near its expiry — and keeps
+//! serving the current certificate until it expires. When the last pod of an identity
+//! leaves, its key and certificate are dropped.
+//!
+//! A restarted proxy may hand the manager the keys and certificates it kept on disk
+//! ([`IdentityManager::restore`], see `crate::persist`): an identity's first pod then
+//! starts with that certificate, renewed on the same schedule, instead of with none.
 
 mod ca;
 mod certificate;
@@ -63,6 +69,22 @@ pub struct IdentityStatus {
 
 type CertSlot = watch::Sender<Option<Arc<WorkloadCertificate>>>;
 
+/// A key and certificate kept from before a restart, for an identity's first pod.
+pub struct Restored {
+    /// The key the certificate is for; renewals go on with it.
+    pub key: KeyPair,
+    /// The certificate ([`WorkloadCertificate::restore`]).
+    pub cert: Arc<WorkloadCertificate>,
+}
+
+impl std::fmt::Debug for Restored {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Restored")
+            .field("cert", &self.cert)
+            .finish_non_exhaustive()
+    }
+}
+
 struct Entry {
     pods: BTreeSet<String>,
     slot: CertSlot,
@@ -75,6 +97,10 @@ struct Inner {
     metrics: IdentityMetrics,
     entries: Mutex<BTreeMap<WorkloadIdentity, Entry>>,
     pods: Mutex<BTreeMap<String, WorkloadIdentity>>,
+    /// Kept from before a restart, until the identity's first pod claims it.
+    restored: Mutex<BTreeMap<WorkloadIdentity, Restored>>,
+    /// Bumped whenever a certificate is obtained, withdrawn or dropped.
+    changes: watch::Sender<u64>,
 }
 
 impl Drop for Inner {
@@ -118,6 +144,8 @@ impl IdentityManager {
                 metrics,
                 entries: Mutex::default(),
                 pods: Mutex::default(),
+                restored: Mutex::default(),
+                changes: watch::channel(0).0,
             }),
         }
     }
@@ -134,15 +162,30 @@ impl IdentityManager {
             e.pods.insert(pod.to_string());
             return;
         }
-        let (slot, _) = watch::channel(None);
+        let restored = lock(&self.inner.restored)
+            .remove(identity)
+            .filter(|r| !r.cert.is_expired());
+        let (slot, _) = watch::channel(restored.as_ref().map(|r| r.cert.clone()));
+        match &restored {
+            Some(r) => {
+                tracing::info!(%identity, not_after = unix_seconds(r.cert.not_after()), "new identity on this node; serving the certificate kept from before the restart");
+                self.inner.changes.send_modify(|n| *n += 1);
+            }
+            None => {
+                tracing::info!(%identity, "new identity on this node; fetching its certificate")
+            }
+        }
         let task = tokio::spawn(run(
             identity.clone(),
-            self.inner.ca.clone(),
-            self.inner.config.clone(),
-            self.inner.metrics.clone(),
+            restored.map(|r| r.key),
+            Shared {
+                ca: self.inner.ca.clone(),
+                config: self.inner.config.clone(),
+                metrics: self.inner.metrics.clone(),
+                changes: self.inner.changes.clone(),
+            },
             slot.clone(),
         ));
-        tracing::info!(%identity, "new identity on this node; fetching its certificate");
         entries.insert(
             identity.clone(),
             Entry {
@@ -171,6 +214,7 @@ impl IdentityManager {
             if let Some(e) = entries.remove(identity) {
                 e.task.abort();
             }
+            self.inner.changes.send_modify(|n| *n += 1);
             self.inner.metrics.remove(&IdentityLabels::new(identity));
             tracing::info!(%identity, "last pod of identity left; key and certificate dropped");
         }
@@ -208,6 +252,39 @@ impl IdentityManager {
         }
     }
 
+    /// Keys and certificates kept from before a restart: each is served from its
+    /// identity's first pod on (if it has not expired by then), and renewed on schedule.
+    /// Replaces what an earlier call left unclaimed.
+    pub fn restore(&self, restored: Vec<Restored>) {
+        let mut kept = lock(&self.inner.restored);
+        kept.clear();
+        for r in restored {
+            kept.insert(r.cert.identity().clone(), r);
+        }
+    }
+
+    /// Every certificate the manager holds that has not expired (those restored and not
+    /// claimed yet included), with its key: what `crate::persist` keeps on disk.
+    pub fn certificates(&self) -> Vec<Arc<WorkloadCertificate>> {
+        let mut certs: BTreeMap<WorkloadIdentity, Arc<WorkloadCertificate>> =
+            lock(&self.inner.restored)
+                .iter()
+                .map(|(id, r)| (id.clone(), r.cert.clone()))
+                .collect();
+        for (id, e) in lock(&self.inner.entries).iter() {
+            match e.slot.borrow().clone() {
+                Some(c) => certs.insert(id.clone(), c),
+                None => certs.remove(id),
+            };
+        }
+        certs.into_values().filter(|c| !c.is_expired()).collect()
+    }
+
+    /// Changes whenever a certificate is obtained, withdrawn or dropped.
+    pub fn changes(&self) -> watch::Receiver<u64> {
+        self.inner.changes.subscribe()
+    }
+
     /// Whether every identity on the node has a usable certificate.
     pub fn all_ready(&self) -> bool {
         self.status().iter().all(|s| s.not_after.is_some())
@@ -243,22 +320,57 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// Generates the identity's key, then obtains and renews its certificate until aborted.
-async fn run(
-    identity: WorkloadIdentity,
+/// What every identity's task shares.
+struct Shared {
     ca: Arc<dyn CaClient>,
     config: IdentityConfig,
     metrics: IdentityMetrics,
+    changes: watch::Sender<u64>,
+}
+
+/// Generates the identity's key (or goes on with a restored one, whose certificate is in
+/// `slot` already), then obtains and renews its certificate until aborted.
+async fn run(
+    identity: WorkloadIdentity,
+    restored: Option<KeyPair>,
+    shared: Shared,
     slot: CertSlot,
 ) {
+    let Shared {
+        ca,
+        config,
+        metrics,
+        changes,
+    } = shared;
     let labels = IdentityLabels::new(&identity);
-    let key = match KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256) {
-        Ok(k) => k,
-        Err(error) => {
-            tracing::error!(%identity, %error, "cannot generate a key; the identity stays without a certificate");
-            return;
-        }
+    let publish = |cert: Option<Arc<WorkloadCertificate>>| {
+        slot.send_replace(cert);
+        changes.send_modify(|n| *n += 1);
     };
+    let key = match restored {
+        Some(key) => {
+            if let Some(cert) = slot.borrow().clone() {
+                metrics
+                    .expiration
+                    .get_or_create(&labels)
+                    .set(unix_seconds(cert.not_after()));
+            }
+            key
+        }
+        None => match KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256) {
+            Ok(k) => k,
+            Err(error) => {
+                tracing::error!(%identity, %error, "cannot generate a key; the identity stays without a certificate");
+                return;
+            }
+        },
+    };
+    // A restored certificate is renewed on its own schedule (now, if that is past).
+    let restored_cert = slot.borrow().clone();
+    if let Some(cert) = restored_cert {
+        let jitter = jitter(&cert, config.renew_jitter_fraction);
+        tokio::time::sleep_until(cert.refresh_at(config.renew_fraction, jitter)).await;
+    }
     let mut backoff = config.backoff_initial;
     loop {
         match fetch(&identity, &key, ca.as_ref()).await {
@@ -272,7 +384,7 @@ async fn run(
                 let jitter = jitter(&cert, config.renew_jitter_fraction);
                 let refresh_at = cert.refresh_at(config.renew_fraction, jitter);
                 tracing::info!(%identity, not_after = unix_seconds(not_after), "workload certificate obtained");
-                slot.send_replace(Some(Arc::new(cert)));
+                publish(Some(Arc::new(cert)));
                 backoff = config.backoff_initial;
                 tokio::time::sleep_until(refresh_at).await;
             }
@@ -285,17 +397,26 @@ async fn run(
                     }
                     Some(_) => {
                         tracing::error!(%identity, %error, retry_in = ?backoff, "certificate expired and renewal failed; connections for this identity fail until the CA answers");
-                        slot.send_replace(None);
+                        publish(None);
                     }
                     None => {
                         tracing::warn!(%identity, %error, retry_in = ?backoff, "cannot obtain a certificate yet")
                     }
                 }
-                // Full backoff plus up to 10 % more, so that nodes do not retry in lockstep.
-                let delay = backoff + backoff.mul_f64(fastrand::f64() * 0.1);
+                let current = current.filter(|c| !c.is_expired());
+                // Full backoff plus up to 10 % more, so that nodes do not retry in
+                // lockstep; never more than a quarter of the time the certificate has
+                // left, so that a CA back shortly before expiry is not missed.
+                let mut delay = backoff + backoff.mul_f64(fastrand::f64() * 0.1);
+                if let Some(c) = &current {
+                    let left = c
+                        .expires_at()
+                        .saturating_duration_since(tokio::time::Instant::now());
+                    delay = delay.min((left / 4).max(config.backoff_initial));
+                }
                 let sleep = tokio::time::sleep(delay);
                 // Wake at expiry too, to withdraw an expired certificate promptly.
-                match current.filter(|c| !c.is_expired()) {
+                match current {
                     Some(c) => {
                         tokio::select! {
                             _ = sleep => {}

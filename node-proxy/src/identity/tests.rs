@@ -196,3 +196,97 @@ async fn a_pod_that_changes_identity_moves_between_entries() {
     let ids: Vec<_> = m.status().into_iter().map(|s| s.identity).collect();
     assert_eq!(ids, [admin]);
 }
+
+#[tokio::test(start_paused = true)]
+async fn near_expiry_a_failed_renewal_is_retried_every_few_seconds() {
+    let ca = TestCa::new("cluster.local");
+    let (m, _) = manager(&ca, no_jitter());
+    let web = ca.identity("shop", "web");
+    m.pod_added("shop/web-0", &web);
+    let cert = m.ready(&web).await.unwrap();
+    ca.unavailable.store(true, Ordering::SeqCst);
+    let calls = || ca.calls.load(Ordering::SeqCst);
+    // Past the renewal the delay doubles to its 60 s cap — but never beyond a quarter of
+    // the time the certificate has left.
+    tokio::time::sleep_until(cert.expires_at() - secs(40.0)).await;
+    let before = calls();
+    tokio::time::sleep_until(cert.expires_at() - secs(1.0)).await;
+    assert!(
+        calls() - before >= 6,
+        "{} retries in the last 39 s before expiry",
+        calls() - before
+    );
+    assert!(m.current(&web).is_some(), "served until it expires");
+    // The CA back a second before expiry: renewed in time.
+    ca.unavailable.store(false, Ordering::SeqCst);
+    tokio::time::sleep_until(cert.expires_at() + secs(0.5)).await;
+    let now = m.current(&web).expect("renewed before the old one expired");
+    assert!(!Arc::ptr_eq(&now, &cert));
+}
+
+/// The key and certificate `m` holds for `id`, as they would be read back from disk.
+fn kept(m: &IdentityManager, id: &WorkloadIdentity) -> Restored {
+    let cert = m.current(id).unwrap();
+    let key = KeyPair::try_from(cert.key_pkcs8_der()).unwrap();
+    let chain = cert.certified_key().cert.clone();
+    let restored = WorkloadCertificate::restore(id, &key, chain).unwrap();
+    Restored {
+        key,
+        cert: Arc::new(restored),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_restored_certificate_is_served_at_once_and_renewed_on_its_schedule() {
+    let ca = TestCa::new("cluster.local");
+    let (before, _) = manager(&ca, no_jitter());
+    let web = ca.identity("shop", "web");
+    before.pod_added("shop/web-0", &web);
+    before.ready(&web).await.unwrap();
+    let kept = kept(&before, &web);
+    drop(before);
+
+    // A new manager (the restarted proxy), the CA away.
+    ca.unavailable.store(true, Ordering::SeqCst);
+    let (m, registry) = manager(&ca, no_jitter());
+    let mut changes = m.changes();
+    m.restore(vec![kept]);
+    assert_eq!(m.certificates().len(), 1, "held before any pod claims it");
+    m.pod_added("shop/web-0", &web);
+    let cert = m.current(&web).expect("served at once, without the CA");
+    assert!(cert.restored());
+    assert!(changes.has_changed().unwrap());
+    changes.borrow_and_update();
+    let calls = ca.calls.load(Ordering::SeqCst);
+    sleep(secs(0.01)).await;
+    let text = metrics_text(&registry);
+    assert!(
+        text.contains("identity_cert_expiration_timestamp_seconds{identity=\"spiffe://cluster.local/ns/shop/sa/web\"}"),
+        "{text}"
+    );
+
+    // Renewed at 70 % of its life, with the same key.
+    ca.unavailable.store(false, Ordering::SeqCst);
+    sleep(secs(WHOLE * 0.7 - 20.0 - 5.0)).await;
+    assert_eq!(ca.calls.load(Ordering::SeqCst), calls, "not renewed early");
+    sleep(secs(10.0)).await;
+    let renewed = m.current(&web).unwrap();
+    assert!(!renewed.restored() && !Arc::ptr_eq(&renewed, &cert));
+    assert_eq!(renewed.key_pkcs8_der(), cert.key_pkcs8_der());
+    assert!(changes.has_changed().unwrap());
+
+    // An expired restored certificate is not used: the first pod fetches anew.
+    let (later, _) = manager(&ca, no_jitter());
+    let old = kept_expired(&m, &web).await;
+    later.restore(vec![old]);
+    later.pod_added("shop/web-0", &web);
+    assert!(later.current(&web).is_none());
+    assert!(!later.ready(&web).await.unwrap().restored());
+}
+
+/// A restored certificate of `m`'s, once it has expired.
+async fn kept_expired(m: &IdentityManager, id: &WorkloadIdentity) -> Restored {
+    let r = kept(m, id);
+    tokio::time::sleep_until(r.cert.expires_at() + secs(1.0)).await;
+    r
+}

@@ -20,8 +20,20 @@ pub struct PolicyState {
     services: HashMap<String, HashMap<String, Arc<ServiceRoutes>>>,
     /// Whether a snapshot has arrived.
     synced: bool,
+    /// What each policy in use was made from, to write it back as a snapshot
+    /// ([`PolicyState::to_snapshot`]; the proxy keeps it on disk for a restart while the
+    /// control plane is away).
+    sources: Sources,
     /// Bumped on every change: connections re-check their verdict when it moves.
     pub generation: u64,
+}
+
+/// The messages the pods' policies and the Services' routes in use were made from (the
+/// last good ones: a refused update leaves its old source in place).
+#[derive(Clone, Debug, Default)]
+struct Sources {
+    pods: HashMap<String, Arc<pb::PodPolicy>>,
+    services: HashMap<String, Arc<pb::ServiceRoutes>>,
 }
 
 impl PolicyState {
@@ -35,6 +47,7 @@ impl PolicyState {
             }),
             services: HashMap::new(),
             synced: false,
+            sources: Sources::default(),
             generation: 0,
         }
     }
@@ -72,18 +85,23 @@ impl PolicyState {
     /// pod keeps the policy it had, or the fallback).
     pub fn apply(&mut self, update: pb::Update) -> Vec<String> {
         let mut refused = Vec::new();
-        let mut next = if update.snapshot {
-            HashMap::new()
+        let (mut next, mut sources) = if update.snapshot {
+            (HashMap::new(), HashMap::new())
         } else {
-            std::mem::take(&mut self.pods)
+            (
+                std::mem::take(&mut self.pods),
+                std::mem::take(&mut self.sources.pods),
+            )
         };
         for name in &update.removed_pods {
             next.remove(name);
+            sources.remove(name);
         }
         for p in &update.pods {
             match PodPolicy::from_pb(p) {
                 Ok(policy) => {
                     next.insert(p.pod.clone(), Arc::new(policy));
+                    sources.insert(p.pod.clone(), Arc::new(p.clone()));
                 }
                 Err(e) => {
                     // Keep the last good policy of a pod whose new one does not parse
@@ -91,11 +109,15 @@ impl PolicyState {
                     if let Some(old) = self.pods.get(&p.pod) {
                         next.insert(p.pod.clone(), old.clone());
                     }
+                    if let Some(old) = self.sources.pods.get(&p.pod) {
+                        sources.insert(p.pod.clone(), old.clone());
+                    }
                     refused.push(e);
                 }
             }
         }
         self.pods = next;
+        self.sources.pods = sources;
         self.apply_routes(&update, &mut refused);
         self.synced |= update.snapshot;
         self.generation += 1;
@@ -110,7 +132,13 @@ impl PolicyState {
         } else {
             std::mem::take(&mut self.services)
         };
+        let mut sources = if update.snapshot {
+            HashMap::new()
+        } else {
+            std::mem::take(&mut self.sources.services)
+        };
         for key in &update.removed_services {
+            sources.remove(key);
             if let Some((ns, name)) = key.split_once('/') {
                 if let Some(by_name) = next.get_mut(ns) {
                     by_name.remove(name);
@@ -129,9 +157,15 @@ impl PolicyState {
                 continue;
             };
             let parsed = match ServiceRoutes::from_pb(s) {
-                Ok(routes) => Arc::new(routes),
+                Ok(routes) => {
+                    sources.insert(s.service.clone(), Arc::new(s.clone()));
+                    Arc::new(routes)
+                }
                 Err(e) => {
                     refused.push(e);
+                    if let Some(old) = self.sources.services.get(&s.service) {
+                        sources.insert(s.service.clone(), old.clone());
+                    }
                     match self.services.get(ns).and_then(|m| m.get(name)) {
                         Some(old) => old.clone(),
                         None => continue,
@@ -143,6 +177,27 @@ impl PolicyState {
                 .insert(name.to_string(), parsed);
         }
         self.services = next;
+        self.sources.services = sources;
+    }
+
+    /// The policies and routes in use as one snapshot update, each as the control plane
+    /// sent it (applied to a fresh state, it gives this one again).
+    pub fn to_snapshot(&self) -> pb::Update {
+        let mut pods: Vec<_> = self.sources.pods.values().map(|p| (**p).clone()).collect();
+        pods.sort_by(|a, b| a.pod.cmp(&b.pod));
+        let mut services: Vec<_> = self
+            .sources
+            .services
+            .values()
+            .map(|s| (**s).clone())
+            .collect();
+        services.sort_by(|a, b| a.service.cmp(&b.service));
+        pb::Update {
+            snapshot: true,
+            pods,
+            services,
+            ..Default::default()
+        }
     }
 }
 
@@ -264,6 +319,52 @@ mod tests {
             .port("shop/api", 9000)
             .check(&client(None), None)
             .allowed());
+    }
+
+    #[test]
+    fn the_policies_in_use_written_back_as_a_snapshot_give_the_same_state() {
+        let deny = || PortPolicy::default_policy("deny", &[]).unwrap();
+        let mut s = PolicyState::new(deny());
+        s.apply(pb::Update {
+            snapshot: true,
+            pods: vec![
+                pod("shop/api", 8080, "all-unauthenticated"),
+                pod("shop/db", 5432, "deny"),
+            ],
+            services: vec![service("shop/web", "web-v1", "/.*")],
+            ..Default::default()
+        });
+        // A refused update leaves the last good policy, and its source, in use.
+        let mut bad = pod("shop/api", 8080, "deny");
+        bad.ports[0].authorizations[0].networks = vec![pb::Network {
+            cidr: "10.0.0.0/33".into(),
+            except: vec![],
+        }];
+        assert_eq!(
+            s.apply(pb::Update {
+                pods: vec![bad],
+                services: vec![service("shop/web", "web-v2", "(")],
+                removed_pods: vec!["shop/db".into()],
+                ..Default::default()
+            })
+            .len(),
+            2
+        );
+        let written = s.to_snapshot();
+        assert_eq!(
+            written.pods,
+            vec![pod("shop/api", 8080, "all-unauthenticated")]
+        );
+        assert_eq!(written.services, vec![service("shop/web", "web-v1", "/.*")]);
+
+        let mut back = PolicyState::new(deny());
+        assert!(back.apply(written.clone()).is_empty());
+        assert!(back.synced());
+        assert_eq!(back.to_snapshot(), written);
+        for port in [8080, 9000] {
+            assert_eq!(back.port("shop/api", port), s.port("shop/api", port));
+        }
+        assert_eq!(route_name(&back, "shop/web").as_deref(), Some("web-v1"));
     }
 
     fn service(name: &str, route: &str, regex: &str) -> pb::ServiceRoutes {

@@ -5,7 +5,9 @@
 
 mod verifier;
 
-pub use verifier::{svid_identity, SpiffeClientVerifier, SpiffeServerVerifier, SvidError};
+pub use verifier::{
+    svid_identity, verify_own_svid, SpiffeClientVerifier, SpiffeServerVerifier, SvidError,
+};
 
 use ambit_api::WorkloadIdentity;
 use rustls::sign::CertifiedKey;

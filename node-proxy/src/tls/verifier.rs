@@ -123,6 +123,27 @@ fn verify_chain(
     Ok(id)
 }
 
+/// Verifies one of this proxy's own SVIDs (a chain kept on disk across a restart) as its
+/// peers will: against `bundle`'s anchors at `now`, for both ends of the tunnel, in the
+/// bundle's trust domain. Returns its identity.
+pub fn verify_own_svid(
+    bundle: &TrustBundle,
+    chain: &[CertificateDer<'_>],
+    now: UnixTime,
+) -> Result<WorkloadIdentity, rustls::Error> {
+    let (leaf, intermediates) = chain
+        .split_first()
+        .ok_or(rustls::Error::NoCertificatesPresented)?;
+    let algs = algorithms();
+    for usage in [
+        webpki::KeyUsage::server_auth(),
+        webpki::KeyUsage::client_auth(),
+    ] {
+        verify_chain(bundle, &algs, leaf, intermediates, now, usage)?;
+    }
+    svid_identity(leaf).map_err(Into::into)
+}
+
 fn algorithms() -> WebPkiSupportedAlgorithms {
     rustls::crypto::aws_lc_rs::default_provider().signature_verification_algorithms
 }

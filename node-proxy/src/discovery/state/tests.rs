@@ -189,3 +189,37 @@ fn an_endpoint_of_a_meshed_pod_is_meshed_even_when_its_slice_says_nothing() {
         ]
     );
 }
+
+#[test]
+fn a_state_written_back_as_a_snapshot_gives_the_same_state() {
+    let mut s = DiscoveryState::default();
+    let mut with_all = snapshot();
+    with_all.workloads[0].netns = "/run/netns/web-0".into();
+    with_all.workloads[0].skip_inbound_ports = vec![pb::PortRange {
+        first: 9000,
+        last: 9010,
+    }];
+    with_all.workloads[0].workload = "web".into();
+    with_all.workloads[0].ready = true;
+    s.apply(with_all);
+    let written = s.to_snapshot();
+    assert!(written.snapshot && !written.more);
+
+    let mut back = DiscoveryState::default();
+    assert!(back.apply(written.clone()).is_empty());
+    assert!(back.synced);
+    assert_eq!(
+        back.to_snapshot(),
+        written,
+        "a second round trip changes nothing"
+    );
+    let keys = |s: &DiscoveryState| s.workloads().map(|w| (**w).clone()).collect::<Vec<_>>();
+    assert_eq!(keys(&back), keys(&s));
+    let web = back.workload("shop/web-0").unwrap();
+    assert!(web.skip_inbound_ports.contains(9005) && web.opaque_ports.contains(3306));
+    assert_eq!(
+        back.resolve("10.96.0.10:80".parse().unwrap()),
+        s.resolve("10.96.0.10:80".parse().unwrap()),
+        "Services and endpoints (identity, readiness) too"
+    );
+}
