@@ -12,6 +12,7 @@ use prometheus_client::registry::Registry;
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::future::Future;
+use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 use tokio::net::TcpListener;
@@ -34,6 +35,16 @@ pub enum AppError {
     Redirect(String),
 }
 
+/// How a proxy's run ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Stopped (SIGTERM, `POST /shutdown`) and drained.
+    Stopped,
+    /// A new process took every listener over (its pid); this one drained. It should stay
+    /// until it is told to stop (see [`crate::handover`]).
+    HandedOver(u32),
+}
+
 /// Runs the proxy until `shutdown` resolves or `POST /shutdown` is received, then drains.
 pub async fn run(
     config: Config,
@@ -41,6 +52,23 @@ pub async fn run(
     log_level: Arc<dyn LogLevel>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), AppError> {
+    run_taking_over(config, admin_listener, None, log_level, shutdown)
+        .await
+        .map(drop)
+}
+
+/// [`run`], taking over from `predecessor` (a proxy running with the same run directory,
+/// whose admin listener `admin_listener` is) when there is one: its pods are served on
+/// the listeners it hands over once this process has what serving needs. Until a new
+/// process takes over from this one; then it drains and returns.
+pub async fn run_taking_over(
+    config: Config,
+    admin_listener: TcpListener,
+    predecessor: Option<crate::handover::Predecessor>,
+    log_level: Arc<dyn LogLevel>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<Outcome, AppError> {
+    tokio::pin!(shutdown);
     config.validate().map_err(AppError::Config)?;
     let anchors_pem = std::fs::read(&config.trust_anchors).map_err(|e| {
         AppError::File(format!(
@@ -133,18 +161,112 @@ pub async fn run(
         }
     };
 
-    // What the proxy kept on disk, served until the control plane answers (persist/).
-    let persisted =
-        crate::persist::load(&config, &bundle, fallback_policy, &identities, &mut registry);
-    let (state_tx, state_rx) = watch::channel(persisted.discovery);
+    let (state_tx, state_rx) = watch::channel(Arc::new(DiscoveryState::default()));
     let discovery =
         DiscoveryClient::new(discovery_channel, token.clone(), config.node_name.clone());
     let discovery_task = tokio::spawn(discovery.run(state_tx, discovery_metrics, drained()));
-    let (policy_tx, policy_rx) = watch::channel(persisted.policy);
+    let (policy_tx, policy_rx) =
+        watch::channel(Arc::new(crate::policy::PolicyState::new(fallback_policy)));
     let policy = crate::policy::PolicyClient::new(policy_channel, token, config.node_name.clone());
     let policy_task = tokio::spawn(policy.run(policy_tx, policy_metrics, drained()));
-    let persister = persisted.persister;
-    tokio::spawn(persister.clone().run(state_rx.clone(), policy_rx.clone(), drained()));
+    let reconcile_task = tokio::spawn(reconcile_identities(
+        identities.clone(),
+        state_rx.clone(),
+        config.node_name.clone(),
+        drained(),
+    ));
+
+    let serving = crate::pods::ServingPods::default();
+    let held = crate::pods::HeldPods::default();
+    let admin_gate = crate::handover::Gate::default();
+    let admin_fd = admin_listener
+        .as_fd()
+        .try_clone_to_owned()
+        .map_err(|e| AppError::Admin(format!("duplicating the admin listener: {e}")))?;
+    let admin = Admin {
+        registry: Arc::new(registry),
+        ready: ready_probe(
+            identities.clone(),
+            state_rx.clone(),
+            (pods.clone(), serving.clone(), held.clone()),
+            config.node_name.clone(),
+        ),
+        dump: config_dump(
+            config.clone(),
+            identities.clone(),
+            state_rx.clone(),
+            bundle.clone(),
+            (redirector.mode(), pods.clone()),
+        ),
+        log_level,
+        shutdown: drain_tx.clone(),
+    };
+    let admin_task = tokio::spawn(admin::serve(
+        admin_listener,
+        admin::router(admin),
+        limits.clone(),
+        admin_gate.clone(),
+        drained(),
+    ));
+
+    // Taking over: once this process can serve (discovery, policy, every certificate), the
+    // running one hands over the CNI socket and its pods' listeners.
+    let mut handover = crate::pods::Handover::default();
+    let mut handed_cni = None;
+    let mut took_over = None;
+    if let Some(predecessor) = predecessor {
+        let can_serve = until_can_serve(&identities, &state_rx, &policy_rx, &config.node_name);
+        tokio::select! {
+            _ = &mut shutdown => {
+                drop(predecessor);
+                drain_tx.send_replace(true);
+                return Ok(Outcome::Stopped);
+            }
+            () = can_serve => {}
+        }
+        match predecessor.take().await {
+            Ok(handed) => {
+                tracing::info!(
+                    pid = predecessor.pid,
+                    pods = handed.pods.len(),
+                    cni = handed.cni.is_some(),
+                    "listeners handed over"
+                );
+                handed_cni = handed.cni;
+                handover.handed = handed.pods;
+                if let Err(error) = pods.refresh() {
+                    tracing::warn!(%error, "re-reading the pods handed over by the CNI plugin");
+                }
+                let (tx, rx) = tokio::sync::oneshot::channel();
+                handover.first_pass = Some(tx);
+                took_over = Some((predecessor, rx));
+            }
+            Err(error) => {
+                tracing::warn!(pid = predecessor.pid, %error, "the hand-over failed; opening listeners anew");
+            }
+        }
+    }
+
+    let cni_gate = crate::handover::Gate::default();
+    let cni_listener = match handed_cni {
+        Some(l) => Some(tokio::net::UnixListener::from_std(l).map_err(|e| {
+            AppError::File(format!(
+                "--cni-socket {} (handed over): {e}",
+                config.cni_socket.display()
+            ))
+        })?),
+        None => crate::cni::bind(&config.cni_socket).map_err(|e| {
+            AppError::File(format!("--cni-socket {}: {e}", config.cni_socket.display()))
+        })?,
+    };
+    let cni_fd = match &cni_listener {
+        Some(l) => Some(
+            l.as_fd()
+                .try_clone_to_owned()
+                .map_err(|e| AppError::File(format!("duplicating the CNI listener: {e}")))?,
+        ),
+        None => None,
+    };
     let enrol_task = tokio::spawn(
         crate::enrol::Enroller {
             registry: pods.clone(),
@@ -155,18 +277,8 @@ pub async fn run(
         }
         .run(drained()),
     );
-    let reconcile_task = tokio::spawn(reconcile_identities(
-        identities.clone(),
-        state_rx.clone(),
-        config.node_name.clone(),
-        drained(),
-    ));
-
-    let serving = crate::pods::ServingPods::default();
-    let cni_task = match crate::cni::bind(&config.cni_socket)
-        .map_err(|e| AppError::File(format!("--cni-socket {}: {e}", config.cni_socket.display())))?
-    {
-        Some(listener) => Some(tokio::spawn(crate::cni::serve(
+    let cni_task = cni_listener.map(|listener| {
+        tokio::spawn(crate::cni::serve(
             listener,
             crate::cni::CniServer {
                 registry: pods.clone(),
@@ -181,11 +293,12 @@ pub async fn run(
                     proc_root: config.proc_root.clone(),
                 },
             },
+            cni_gate.clone(),
             drained(),
-        ))),
-        None => None,
-    };
-    let held = crate::pods::HeldPods::default();
+        ))
+    });
+    let (lifecycle_tx, lifecycle_rx) = tokio::sync::mpsc::channel(1);
+    handover.requests = Some(lifecycle_rx);
     let pods_task = tokio::spawn(
         crate::pods::Lifecycle {
             shared: crate::proxy::Shared {
@@ -213,41 +326,65 @@ pub async fn run(
             node: config.node_name.clone(),
             local_netns_dir: config.local_netns_dir.clone(),
             metrics: pod_metrics,
+            handover,
         }
         .run(drained()),
     );
-
-    let admin = Admin {
-        registry: Arc::new(registry),
-        ready: ready_probe(
-            identities.clone(),
-            state_rx.clone(),
-            (pods.clone(), serving, held),
-            config.node_name.clone(),
-        ),
-        dump: persister.config_dump(config_dump(
-            config.clone(),
-            identities.clone(),
-            state_rx,
-            bundle,
-            (redirector.mode(), pods),
-        )),
-        log_level,
-        shutdown: drain_tx.clone(),
-    };
-    let admin_task = tokio::spawn(admin::serve(
-        admin_listener,
-        admin::router(admin),
-        limits.clone(),
-        drained(),
+    if let Some((predecessor, first_pass)) = took_over {
+        // Once the handed-over pods are served here, the predecessor stops accepting.
+        let served = first_pass.await.unwrap_or(0);
+        let pid = predecessor.pid;
+        match predecessor.serving().await {
+            Ok(()) => tracing::info!(
+                pid,
+                pods = served,
+                "took over: the process before has stopped accepting"
+            ),
+            Err(error) => {
+                tracing::warn!(pid, %error, "the process taken over from did not confirm; it accepts until it stops")
+            }
+        }
+    }
+    // This process's own hand-over socket (replacing the predecessor's).
+    let handover_path = config.run_dir.join(crate::handover::SOCKET);
+    let handover_listener = crate::handover::wire::Listener::bind(&handover_path).map_err(|e| {
+        AppError::File(format!(
+            "--run-dir: the hand-over socket {}: {e}",
+            handover_path.display()
+        ))
+    })?;
+    let in_progress = Arc::new(watch::channel(false).0);
+    let mut handover_task = tokio::spawn(crate::handover::serve(
+        handover_listener,
+        crate::handover::Running {
+            admin: (admin_fd, admin_gate),
+            cni: cni_fd.map(|fd| (fd, cni_gate)),
+            lifecycle: lifecycle_tx,
+            in_progress: in_progress.clone(),
+        },
     ));
     tracing::info!(config = %serde_json::to_string(&config).unwrap_or_default(), "ambit-proxy started");
 
+    let mut outcome = Outcome::Stopped;
     tokio::select! {
-        _ = shutdown => {}
+        _ = &mut shutdown => {
+            // Told to stop in the middle of a hand-over: the successor gets what it came
+            // for first (within the grace period), so that the pods' listeners live on.
+            if *in_progress.borrow() {
+                let mut in_progress = in_progress.subscribe();
+                tracing::info!("stopping: a hand-over is in progress; letting it finish first");
+                tokio::select! {
+                    pid = &mut handover_task => if let Ok(pid) = pid { outcome = Outcome::HandedOver(pid) },
+                    _ = in_progress.wait_for(|p| !*p) => {}
+                    _ = tokio::time::sleep(config.shutdown_grace_period) => {}
+                }
+            }
+        }
         _ = drained() => {}
+        pid = &mut handover_task => if let Ok(pid) = pid { outcome = Outcome::HandedOver(pid) },
     }
-    tracing::info!("draining");
+    handover_task.abort();
+    tracing::info!(grace_period = ?config.shutdown_grace_period, "draining");
     drain_tx.send_replace(true);
     let _ = discovery_task.await;
     let _ = policy_task.await;
@@ -256,9 +393,99 @@ pub async fn run(
     let _ = pods_task.await;
     if let Some(task) = cni_task {
         let _ = task.await;
-        let _ = std::fs::remove_file(&config.cni_socket);
+        if outcome == Outcome::Stopped {
+            let _ = std::fs::remove_file(&config.cni_socket);
+        }
     }
-    admin_task.await.map_err(|e| AppError::Admin(e.to_string()))
+    admin_task
+        .await
+        .map_err(|e| AppError::Admin(e.to_string()))?;
+    drain_connections(&limits, config.shutdown_grace_period).await;
+    Ok(outcome)
+}
+
+/// Waits until no connection is left, or `grace` has passed (what is left is closed when
+/// the process exits).
+async fn drain_connections(limits: &crate::limits::Limits, grace: Duration) {
+    let deadline = tokio::time::Instant::now() + grace;
+    let mut every = tokio::time::interval(Duration::from_millis(50));
+    loop {
+        let left = limits.active();
+        if left == 0 {
+            tracing::info!("drained: no connection left");
+            return;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            tracing::warn!(
+                connections = left,
+                ?grace,
+                "grace period over: closing the connections left"
+            );
+            return;
+        }
+        every.tick().await;
+    }
+}
+
+/// Resolves once this process has what serving the node's pods needs: discovery's
+/// snapshot, the policy snapshot, and a certificate for every identity on the node.
+async fn until_can_serve(
+    identities: &IdentityManager,
+    state: &watch::Receiver<Arc<DiscoveryState>>,
+    policy: &watch::Receiver<Arc<crate::policy::PolicyState>>,
+    node: &str,
+) {
+    let mut every = tokio::time::interval(Duration::from_millis(50));
+    let mut last = String::new();
+    loop {
+        every.tick().await;
+        let why = if policy.borrow().synced() {
+            can_serve(identities, &state.borrow(), node).err()
+        } else {
+            Some("the policy has not been delivered yet".into())
+        };
+        match why {
+            None => return,
+            Some(why) if why != last => {
+                tracing::info!(%why, "waiting before taking over");
+                last = why;
+            }
+            Some(_) => {}
+        }
+    }
+}
+
+/// `Err` says what serving the node's pods still lacks: discovery's snapshot, or
+/// certificates.
+fn can_serve(identities: &IdentityManager, s: &DiscoveryState, node: &str) -> Result<(), String> {
+    if !s.synced {
+        return Err("discovery has not delivered a snapshot yet".into());
+    }
+    // Every identity discovery has on this node, whether or not the identity manager has
+    // been told of it yet (it follows discovery asynchronously): checking only what the
+    // manager holds answered "ready" with identities still to come.
+    let certified: std::collections::BTreeSet<String> = identities
+        .status()
+        .into_iter()
+        .filter(|st| st.not_after.is_some())
+        .map(|st| st.identity.to_string())
+        .collect();
+    let missing: Vec<_> = s
+        .local_workloads(node)
+        .iter()
+        .map(|w| w.identity.to_string())
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .filter(|id| !certified.contains(id))
+        .collect();
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "no valid certificate yet for {}",
+            missing.join(", ")
+        ))
+    }
 }
 
 /// Keeps the identity manager's pods in line with discovery's view of this node: a new
@@ -328,31 +555,7 @@ fn ready_probe(
                 pods.join(", ")
             ));
         }
-        // Every identity discovery has on this node, whether or not the identity manager
-        // has been told of it yet (it follows discovery asynchronously): checking only
-        // what the manager holds answered "ready" with identities still to come.
-        let certified: std::collections::BTreeSet<String> = identities
-            .status()
-            .into_iter()
-            .filter(|st| st.not_after.is_some())
-            .map(|st| st.identity.to_string())
-            .collect();
-        let missing: Vec<_> = s
-            .local_workloads(&node)
-            .iter()
-            .map(|w| w.identity.to_string())
-            .collect::<std::collections::BTreeSet<_>>()
-            .into_iter()
-            .filter(|id| !certified.contains(id))
-            .collect();
-        if missing.is_empty() {
-            Ok(())
-        } else {
-            Err(format!(
-                "no valid certificate yet for {}",
-                missing.join(", ")
-            ))
-        }
+        can_serve(&identities, &s, &node)
     })
 }
 
@@ -413,6 +616,8 @@ fn config_dump(
             .collect();
         json!({
             "version": env!("CARGO_PKG_VERSION"),
+            // Which process answers: after a hand-over, the new one.
+            "pid": std::process::id(),
             "config": config,
             "redirect_mode": redirect_mode,
             "trust_anchors": bundle.anchors().len(),

@@ -64,6 +64,8 @@ pub mod env {
     pub const DEFAULT_INBOUND_POLICY: &str = "AMBIT_DEFAULT_INBOUND_POLICY";
     /// The cluster's pod and node networks (the cluster-* default policies).
     pub const CLUSTER_NETWORKS: &str = "AMBIT_CLUSTER_NETWORKS";
+    /// `--shutdown-grace-period`.
+    pub const SHUTDOWN_GRACE_PERIOD: &str = "AMBIT_SHUTDOWN_GRACE_PERIOD";
 }
 
 /// Defaults, as the DaemonSet runs the proxy.
@@ -192,6 +194,12 @@ pub struct Config {
     /// honoured only under this directory; never the proxy's own namespace.
     #[arg(long, env = env::LOCAL_NETNS_DIR, default_value = defaults::LOCAL_NETNS_DIR)]
     pub local_netns_dir: PathBuf,
+    /// How long a stopping proxy (SIGTERM, or handed over to a new one) lets its open
+    /// connections finish — requests in flight, HTTP/2 peers told GOAWAY, opaque streams —
+    /// before it closes what is left (as Linkerd's `shutdown-grace-period`).
+    #[arg(long, env = env::SHUTDOWN_GRACE_PERIOD, default_value = "30s", value_parser = ambit_api::duration::parse_duration)]
+    #[serde(serialize_with = "ser_duration")]
+    pub shutdown_grace_period: std::time::Duration,
     /// Worker threads of the proxy's runtime (1: a single-threaded runtime).
     #[arg(long, env = env::WORKER_THREADS, default_value_t = 1)]
     pub worker_threads: usize,

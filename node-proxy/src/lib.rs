@@ -26,8 +26,8 @@
 //! - [`stream`]: what the streams from the control plane share (reconnection, chunks).
 //! - [`proxy`]: the data path — the in-pod listeners, the mesh tunnel, L7.
 //! - [`netns`]: sockets inside a pod's network namespace.
-//! - [`persist`]: the state kept on disk (discovery, policy, keys and certificates) so
-//!   that a restart while the control plane is away serves from it.
+//! - [`handover`]: hitless restart — a new process takes the listeners over from the
+//!   running one, which drains.
 
 pub mod admin;
 pub mod app;
@@ -36,11 +36,11 @@ pub mod config;
 pub mod control;
 pub mod discovery;
 pub mod enrol;
+pub mod handover;
 pub mod identity;
 pub mod limits;
 pub mod logging;
 pub mod netns;
-pub mod persist;
 pub mod pods;
 pub mod policy;
 pub mod proxy;

@@ -92,6 +92,13 @@ impl Limits {
         }
     }
 
+    /// Connections admitted now, across the node.
+    pub fn active(&self) -> usize {
+        self.node_max
+            .min(Semaphore::MAX_PERMITS)
+            .saturating_sub(self.node.available_permits())
+    }
+
     /// A fresh budget for one pod's listeners.
     pub fn pod_budget(&self) -> Arc<Semaphore> {
         Arc::new(Semaphore::new(self.per_pod.min(Semaphore::MAX_PERMITS)))

@@ -27,11 +27,47 @@ async fn run(config: Config) -> anyhow::Result<()> {
         .map_err(anyhow::Error::msg)?;
     tracing::subscriber::set_global_default(subscriber).context("installing the logger")?;
     tokio::spawn(return_free_heap());
-    let admin = tokio::net::TcpListener::bind(config.admin_addr)
+    let (stop_tx, stop) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        stop_tx.send_replace(true);
+    });
+    let stopped = move || {
+        let mut stop = stop.clone();
+        async move {
+            let _ = stop.wait_for(|s| *s).await;
+        }
+    };
+    // A proxy running with the same run directory hands its listeners over (hitless
+    // restart); else the admin port is bound here.
+    let (predecessor, admin) = match ambit_proxy::handover::Predecessor::connect(&config.run_dir)
         .await
-        .with_context(|| format!("binding the admin server to {}", config.admin_addr))?;
-    ambit_proxy::app::run(config, admin, log_level, shutdown_signal()).await?;
+    {
+        Ok(Some((predecessor, admin))) => (Some(predecessor), admin),
+        Ok(None) => (None, bind_admin(&config).await?),
+        Err(error) => {
+            tracing::warn!(%error, "cannot take over from the proxy running with this run directory; starting anew");
+            (None, bind_admin(&config).await?)
+        }
+    };
+    let outcome =
+        ambit_proxy::app::run_taking_over(config, admin, predecessor, log_level, stopped()).await?;
+    if let ambit_proxy::app::Outcome::HandedOver(pid) = outcome {
+        // Exiting now would have the container restarted, and the old version take the
+        // listeners back: stay, drained, until told to stop.
+        tracing::info!(
+            successor = pid,
+            "handed over and drained; waiting for SIGTERM to exit"
+        );
+        stopped().await;
+    }
     Ok(())
+}
+
+async fn bind_admin(config: &Config) -> anyhow::Result<tokio::net::TcpListener> {
+    tokio::net::TcpListener::bind(config.admin_addr)
+        .await
+        .with_context(|| format!("binding the admin server to {}", config.admin_addr))
 }
 
 async fn shutdown_signal() {

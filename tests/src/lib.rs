@@ -12,6 +12,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+pub mod binary;
 pub mod cni;
 pub mod kube;
 pub mod netns;

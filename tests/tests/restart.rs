@@ -10,17 +10,14 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure
 
+use ambit_e2e::binary::{self, Killed};
 use ambit_e2e::netns::Topology;
 use ambit_e2e::testapp::{self, Client};
 use ambit_e2e::{ControlPlane, NetnsHandles, NodeProxy, NAMESPACES};
 use ambit_proxy::netns::Netns;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
-
-fn binary() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/debug/ambit-proxy")
-}
 
 fn cluster(t: &Topology) -> String {
     let pod = |name: &str, node: &str, extra: &str| {
@@ -37,42 +34,6 @@ fn cluster(t: &Topology) -> String {
         pod("server", "node-b", ""),
         pod("outside", "node-a", ", ambit.dev/mesh: disabled"),
     )
-}
-
-/// A free loopback port for the binary's admin server.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// The binary for node-b, configured as the in-process test proxies are.
-fn spawn(cp: &ControlPlane, admin: u16) -> Child {
-    let c = NodeProxy::config(cp, "node-b");
-    Command::new(binary())
-        .args(["--node-name", "node-b"])
-        .args(["--identity-url", &c.identity_url])
-        .args(["--discovery-url", &c.discovery_url])
-        .args(["--policy-url", &c.policy_url])
-        .arg("--token-file")
-        .arg(&c.token_file)
-        .arg("--trust-anchors")
-        .arg(&c.trust_anchors)
-        .args(["--trust-domain", &c.trust_domain])
-        .args(["--admin-addr", &format!("127.0.0.1:{admin}")])
-        .args(["--redirect", "nftables", "--cni-socket", ""])
-        .arg("--run-dir")
-        .arg(&c.run_dir)
-        .arg("--bpf-pin-dir")
-        .arg(&c.bpf_pin_dir)
-        .arg("--cgroup-path")
-        .arg(&c.cgroup_path)
-        .args(["--log", "warn"])
-        .stdin(Stdio::null())
-        .spawn()
-        .expect("target/debug/ambit-proxy (cargo build -p ambit-proxy)")
 }
 
 /// A GET from the client pod through the mesh: the status, or 0 when the connection
@@ -97,16 +58,6 @@ fn plaintext_opens(t: &Topology) -> bool {
         .success()
 }
 
-/// Kills the child on drop (a failing test must not leave the binary running).
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_proxy_killed_with_sigkill_fails_closed_and_a_new_one_restores_service() {
     let t = Topology::new(&["client", "server", "outside"]);
@@ -118,8 +69,8 @@ async fn a_proxy_killed_with_sigkill_fails_closed_and_a_new_one_restores_service
     let client = Netns::open(Path::new(&t.pod("client").path())).unwrap();
     let server = std::net::SocketAddr::new(t.pod("server").ip.into(), 8080);
 
-    let admin = free_port();
-    let mut proxy = Killed(spawn(&cp, admin));
+    let admin = binary::free_port();
+    let mut proxy = Killed(binary::spawn(&cp, "node-b", admin, &[]));
     // Served through the binary.
     let deadline = Instant::now() + Duration::from_secs(30);
     while get(&client, server).await != 200 {
@@ -150,7 +101,7 @@ async fn a_proxy_killed_with_sigkill_fails_closed_and_a_new_one_restores_service
 
     // A new process, the same run directory: its pods are served again.
     let started = Instant::now();
-    proxy = Killed(spawn(&cp, free_port()));
+    proxy = Killed(binary::spawn(&cp, "node-b", binary::free_port(), &[]));
     let deadline = started + Duration::from_secs(30);
     let mut refused = 0;
     while get(&client, server).await != 200 {

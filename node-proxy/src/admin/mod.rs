@@ -62,6 +62,7 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     router: Router,
     limits: crate::limits::Limits,
+    gate: crate::handover::Gate,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
     use hyper_util::rt::{TokioIo, TokioTimer};
@@ -75,7 +76,7 @@ pub async fn serve(
     loop {
         let (tcp, peer) = tokio::select! {
             _ = &mut shutdown => break,
-            accepted = listener.accept() => match accepted {
+            accepted = gate.accept(|| listener.accept()) => match accepted {
                 Ok(a) => a,
                 Err(error) => {
                     tracing::warn!(%error, "admin: accept failed");

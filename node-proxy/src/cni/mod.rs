@@ -147,21 +147,28 @@ pub fn bind(path: &std::path::Path) -> io::Result<Option<UnixListener>> {
     Ok(Some(listener))
 }
 
-/// Serves the CNI socket until `shutdown`.
-pub async fn serve(listener: UnixListener, server: CniServer, shutdown: impl Future<Output = ()>) {
+/// Serves the CNI socket until `shutdown`, accepting while `gate` is open (a hand-over
+/// closes it, and waits for the requests in flight).
+pub async fn serve(
+    listener: UnixListener,
+    server: CniServer,
+    gate: crate::handover::Gate,
+    shutdown: impl Future<Output = ()>,
+) {
     tokio::pin!(shutdown);
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     loop {
         tokio::select! {
             _ = &mut shutdown => return,
-            accepted = listener.accept() => match accepted {
+            accepted = gate.accept(|| listener.accept()) => match accepted {
                 Ok((stream, _)) => {
                     let server = server.clone();
+                    let inside = gate.enter();
                     match slots.clone().try_acquire_owned() {
                         Ok(slot) => {
                             tokio::spawn(async move {
                                 server.connection(stream).await;
-                                drop(slot);
+                                drop((slot, inside));
                             });
                         }
                         Err(_) => {

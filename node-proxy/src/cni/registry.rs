@@ -250,6 +250,35 @@ impl PodRegistry {
         })
     }
 
+    /// Adds the pods recorded in the directory since it was opened (by the process this
+    /// one took over from); forgets nothing.
+    pub fn refresh(&self) -> io::Result<()> {
+        let _write = self
+            .write
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut pods = (**self.pods.borrow()).clone();
+        let mut added = 0;
+        for entry in std::fs::read_dir(self.dir.join("pods"))? {
+            let path = entry?.path();
+            if path.extension().is_none_or(|e| e != "json") {
+                continue;
+            }
+            let pod: Option<CniPod> = std::fs::read(&path)
+                .ok()
+                .and_then(|b| serde_json::from_slice(&b).ok());
+            if let Some(pod) = pod.filter(|p| is_netns(&p.netns) && !pods.contains_key(&p.key())) {
+                tracing::info!(pod = %pod.key(), "a pod handed over by the CNI plugin to the process taken over from");
+                pods.insert(pod.key(), pod);
+                added += 1;
+            }
+        }
+        if added > 0 {
+            self.pods.send_replace(Arc::new(pods));
+        }
+        Ok(())
+    }
+
     /// The pods now.
     pub fn pods(&self) -> CniPods {
         self.pods.borrow().clone()

@@ -19,13 +19,13 @@ pub use ending::{ending, Ending, Leaving};
 use crate::cni::CniPods;
 use crate::discovery::{DiscoveryState, Workload};
 use crate::netns::Netns;
-use crate::proxy::{PodContext, ServedPod, Shared, PRUNE_EVERY, START_RETRY};
+use crate::proxy::{PodContext, PodListeners, ServedPod, Shared, PRUNE_EVERY, START_RETRY};
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use tokio::sync::watch;
+use tokio::sync::{mpsc, oneshot, watch};
 
 /// Every pod whose listeners (and redirection) are in place: `<namespace>/<name>` and the
 /// netns they were opened in. A watch, so that the CNI socket can wait for a change.
@@ -78,6 +78,50 @@ impl PodMetrics {
     }
 }
 
+/// A pod's listeners that a running proxy handed over, and the netns they were opened in.
+#[derive(Debug)]
+pub struct HandedPod {
+    /// The netns's (device, inode).
+    pub netns_id: (u64, u64),
+    /// Per address family.
+    pub listeners: Vec<PodListeners>,
+}
+
+/// A served pod's listeners, for a hand-over to another process.
+#[derive(Debug)]
+pub struct ExportedPod {
+    /// `<namespace>/<name>`.
+    pub key: String,
+    /// The netns path.
+    pub netns: PathBuf,
+    /// The netns's (device, inode).
+    pub netns_id: (u64, u64),
+    /// Per address family.
+    pub listeners: Vec<PodListeners>,
+}
+
+/// What a hand-over asks of the lifecycle (`crate::handover`).
+#[derive(Debug)]
+pub enum Request {
+    /// Every served pod's listeners.
+    Export(oneshot::Sender<Vec<ExportedPod>>),
+    /// Stop accepting everywhere (redirection stays) and end: another process serves
+    /// the pods from now on. Answered once every accept loop has stopped.
+    Release(oneshot::Sender<()>),
+}
+
+/// The lifecycle's side of a hand-over.
+#[derive(Debug, Default)]
+pub struct Handover {
+    /// Listeners handed over by the process this one took over from, by pod: used when
+    /// the pod is opened on the first pass (same netns, same families), closed otherwise.
+    pub handed: BTreeMap<String, HandedPod>,
+    /// Told, after the first pass, how many handed pods are served.
+    pub first_pass: Option<oneshot::Sender<usize>>,
+    /// Requests from a process taking over from this one.
+    pub requests: Option<mpsc::Receiver<Request>>,
+}
+
 /// What the lifecycle needs.
 #[derive(Debug)]
 pub struct Lifecycle {
@@ -95,11 +139,42 @@ pub struct Lifecycle {
     pub local_netns_dir: PathBuf,
     /// `pods_failing_closed`.
     pub metrics: PodMetrics,
+    /// Listeners handed over, and requests to hand them over.
+    pub handover: Handover,
 }
 
 struct Served {
     pod: ServedPod,
     from_cni: bool,
+    /// Whether its listeners were handed over by the process this one took over from.
+    from_handover: bool,
+}
+
+/// The next hand-over request; pending while there is none to come.
+async fn next_request(requests: &mut Option<mpsc::Receiver<Request>>) -> Request {
+    if let Some(rx) = requests {
+        if let Some(r) = rx.recv().await {
+            return r;
+        }
+        *requests = None;
+    }
+    std::future::pending().await
+}
+
+/// Every served pod's listeners.
+fn export(served: &BTreeMap<String, Served>) -> Vec<ExportedPod> {
+    served
+        .iter()
+        .filter_map(|(key, p)| {
+            let netns = &p.pod.pod.netns;
+            Some(ExportedPod {
+                key: key.clone(),
+                netns: netns.path().to_path_buf(),
+                netns_id: netns.id().ok()?,
+                listeners: p.pod.listeners.clone(),
+            })
+        })
+        .collect()
 }
 
 struct Held {
@@ -130,6 +205,7 @@ impl Lifecycle {
         tokio::pin!(shutdown);
         let mut state = self.shared.state.clone();
         let mut served: BTreeMap<String, Served> = BTreeMap::new();
+        let mut released = None;
         let mut held: BTreeMap<String, Held> = BTreeMap::new();
         // Idle tunnels are dropped even when discovery has nothing new to say.
         let mut prune = tokio::time::interval(PRUNE_EVERY);
@@ -190,9 +266,17 @@ impl Lifecycle {
                     continue;
                 }
                 let from_cni = cni.contains_key(key);
-                match self.open(w.clone(), from_cni, &served).await {
-                    Ok(pod) => {
-                        served.insert(key.clone(), Served { pod, from_cni });
+                let handed = self.handover.handed.remove(key);
+                match self.open(w.clone(), from_cni, &served, handed).await {
+                    Ok((pod, from_handover)) => {
+                        served.insert(
+                            key.clone(),
+                            Served {
+                                pod,
+                                from_cni,
+                                from_handover,
+                            },
+                        );
                     }
                     Err(error) => {
                         failed = true;
@@ -215,6 +299,12 @@ impl Lifecycle {
                 self.shared.redirector.forget_addresses(&gone);
             }
             self.publish(&s, &cni, &want, &served, &held);
+            if let Some(done) = self.handover.first_pass.take() {
+                for key in std::mem::take(&mut self.handover.handed).into_keys() {
+                    tracing::warn!(pod = %key, "handed-over listeners of a pod this proxy does not serve: closed");
+                }
+                let _ = done.send(served.values().filter(|p| p.from_handover).count());
+            }
             // A pod whose netns could not be entered (not there yet, a port taken) is
             // tried again after a while even if discovery has nothing new to say.
             let retry = async {
@@ -230,12 +320,25 @@ impl Lifecycle {
                 changed = self.cni.changed() => if changed.is_err() { break },
                 _ = retry => {}
                 _ = prune.tick() => {}
+                request = next_request(&mut self.handover.requests) => match request {
+                    Request::Export(reply) => {
+                        let _ = reply.send(export(&served));
+                    }
+                    Request::Release(reply) => {
+                        released = Some(reply);
+                        break;
+                    }
+                },
             }
         }
-        // Shutting down: stop accepting everywhere, and return only once every listener is
-        // closed, so that a stopped proxy leaves nothing that accepts (fail closed).
+        // Shutting down (or handed over): stop accepting everywhere, and return only once
+        // every listener is closed, so that a stopped proxy leaves nothing that accepts
+        // (fail closed) — a process that took the listeners over accepts on them instead.
         for (_, p) in served {
             p.pod.close().await;
+        }
+        if let Some(reply) = released {
+            let _ = reply.send(());
         }
     }
 
@@ -275,13 +378,16 @@ impl Lifecycle {
         }
     }
 
-    /// Checks `workload`'s netns and opens its listeners and redirection.
+    /// Checks `workload`'s netns and opens its listeners (or takes those `handed` over,
+    /// when they were opened in the same netns for the same address families) and
+    /// redirection; says whether the handed ones were taken.
     async fn open(
         &self,
         workload: Arc<Workload>,
         from_cni: bool,
         served: &BTreeMap<String, Served>,
-    ) -> std::io::Result<ServedPod> {
+        handed: Option<HandedPod>,
+    ) -> std::io::Result<(ServedPod, bool)> {
         let path = workload.netns.clone().unwrap_or_default();
         if workload.ips.is_empty() {
             // Redirection is per address: a pod is not reported redirected before its
@@ -311,7 +417,25 @@ impl Lifecycle {
                 format!("{} is pod {other}'s network namespace; one pod's namespace is never served for another", path.display()),
             ));
         }
-        crate::proxy::open(&self.shared, workload, netns).await
+        let families: Vec<bool> = std::iter::once(false)
+            .chain(
+                workload
+                    .ips
+                    .iter()
+                    .any(std::net::IpAddr::is_ipv6)
+                    .then_some(true),
+            )
+            .collect();
+        let handed = handed.and_then(|h| {
+            let fits = h.netns_id == id && h.listeners.iter().map(|l| l.ipv6).eq(families.iter().copied());
+            if !fits {
+                tracing::warn!(pod = %workload.key(), "listeners handed over for another netns or other address families: closed, new ones opened");
+            }
+            fits.then_some(h.listeners)
+        });
+        let from_handover = handed.is_some();
+        let pod = crate::proxy::open(&self.shared, workload, netns, handed).await?;
+        Ok((pod, from_handover))
     }
 
     /// Publishes the pods served and held (with the pods handed over earlier that are

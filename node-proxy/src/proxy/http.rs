@@ -81,6 +81,10 @@ pub fn error_response(e: &ProxyError) -> Response<Body> {
     resp
 }
 
+/// How long an application's HTTP/1 connection must be quiet, once its pod's listeners
+/// have stopped, before it is closed (its next response says `connection: close` anyway).
+pub const DRAIN_IDLE: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Serves an application connection detected as HTTP until it closes.
 pub(super) async fn serve_outbound(
     io: Rewind<TcpStream>,
@@ -97,17 +101,43 @@ pub(super) async fn serve_outbound(
         series: ConnectionSeries::new(shared.http.clone(), labels),
         routes: RouteCache::default(),
     });
-    let service = service_fn(move |req: Request<Incoming>| {
-        let (pod, shared, conn) = (pod.clone(), shared.clone(), conn.clone());
-        async move {
-            let resp = outbound_request(req, dst, &pod, &shared, &conn).await;
-            Ok::<_, std::convert::Infallible>(resp)
-        }
-    });
+    // Set once the pod's listeners stop (the pod left, or the proxy drains or handed its
+    // listeners over): each HTTP/1 response from then on says `connection: close`.
+    let closing = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let service = {
+        let closing = closing.clone();
+        let pod = pod.clone();
+        service_fn(move |req: Request<Incoming>| {
+            let (pod, shared, conn) = (pod.clone(), shared.clone(), conn.clone());
+            let closing = closing.clone();
+            async move {
+                let mut resp = outbound_request(req, dst, &pod, &shared, &conn).await;
+                if closing.load(std::sync::atomic::Ordering::Relaxed) {
+                    resp.headers_mut()
+                        .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
+                }
+                Ok::<_, std::convert::Infallible>(resp)
+            }
+        })
+    };
     let (io, activity) = super::idle::Tracked::new(io);
     let io = ambit_serving::WriteDeadline::new(io, stall);
     let io = TokioIo::new(io);
     let idle = activity.idle_for(shared_idle);
+    // Winding down: an HTTP/2 client gets GOAWAY at once (its requests in flight finish,
+    // its next ones go on a new connection: to whichever process accepts by then). An
+    // HTTP/1 connection is not closed under a client that may be sending its next request
+    // — the race every keep-alive client loses now and then — but answered with
+    // `connection: close`, and closed once it has been quiet for [`DRAIN_IDLE`].
+    let mut stopped = pod.stopped.clone();
+    let quiet = activity.clone();
+    let drain = async move {
+        let _ = stopped.wait_for(|s| *s).await;
+        if proto != Protocol::Http2 {
+            closing.store(true, std::sync::atomic::Ordering::Relaxed);
+            quiet.idle_for(DRAIN_IDLE).await;
+        }
+    };
     let result = match proto {
         Protocol::Http2 => {
             let conn = super::h2_server(super::H2_APP_MAX_STREAMS).serve_connection(io, service);
@@ -115,6 +145,10 @@ pub(super) async fn serve_outbound(
             tokio::select! {
                 r = conn.as_mut() => r,
                 _ = idle => {
+                    conn.as_mut().graceful_shutdown();
+                    conn.await
+                }
+                _ = drain => {
                     conn.as_mut().graceful_shutdown();
                     conn.await
                 }
@@ -131,6 +165,10 @@ pub(super) async fn serve_outbound(
             tokio::select! {
                 r = conn.as_mut() => r,
                 _ = idle => {
+                    conn.as_mut().graceful_shutdown();
+                    conn.await
+                }
+                _ = drain => {
                     conn.as_mut().graceful_shutdown();
                     conn.await
                 }

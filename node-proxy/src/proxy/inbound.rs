@@ -49,7 +49,7 @@ fn acceptor(pod: &PodContext, shared: &Shared) -> Result<TlsAcceptor, rustls::Er
 }
 
 pub(super) async fn serve_mesh(
-    listener: TcpListener,
+    listener: Arc<TcpListener>,
     pod: Arc<PodContext>,
     shared: Shared,
     stop: watch::Receiver<bool>,
@@ -278,7 +278,7 @@ async fn connect_stream(
 }
 
 pub(super) async fn serve_plain(
-    listener: TcpListener,
+    listener: Arc<TcpListener>,
     pod: Arc<PodContext>,
     shared: Shared,
     stop: watch::Receiver<bool>,

@@ -225,19 +225,37 @@ pub fn prune<'a>(
     }
 }
 
+/// A pod's listeners for one address family: what [`open`] binds, or what a running
+/// proxy handed over (`crate::handover`).
+#[derive(Clone, Debug)]
+pub struct PodListeners {
+    /// Whether these are the IPv6 ones.
+    pub ipv6: bool,
+    /// 4140, on loopback.
+    pub outbound: Arc<tokio::net::TcpListener>,
+    /// 4143.
+    pub mesh: Arc<tokio::net::TcpListener>,
+    /// 4144.
+    pub plain: Arc<tokio::net::TcpListener>,
+}
+
 /// A pod's listeners, open and accepting, and its redirection in place.
 #[derive(Debug)]
 pub struct ServedPod {
     /// What its connections share.
     pub pod: Arc<PodContext>,
+    /// Its listening sockets (shared with the accept loops), for a hand-over.
+    pub listeners: Vec<PodListeners>,
     stop: watch::Sender<bool>,
-    /// The accept loops; they end (closing the listeners) soon after `stop`.
+    /// The accept loops; they end soon after `stop`.
     loops: Vec<tokio::task::JoinHandle<()>>,
 }
 
 impl ServedPod {
     /// Stops accepting (its redirection stays: the pod's connections are refused) and
-    /// returns once every listener is closed; open connections finish on their own.
+    /// returns once every listener is closed — unless another process holds them too (a
+    /// hand-over: it accepts from then on); open connections finish on their own, told
+    /// to wind down (GOAWAY, `connection: close`).
     pub async fn close(self) -> Arc<PodContext> {
         self.stop.send_replace(true);
         for l in self.loops {
@@ -256,45 +274,32 @@ impl PodContext {
     }
 }
 
-/// Opens `workload`'s listeners in `netns` (4140 on loopback, 4143 and 4144), then its
-/// redirection, and starts accepting.
+/// Opens `workload`'s listeners in `netns` (4140 on loopback, 4143 and 4144) — or takes
+/// `handed`, the same listeners a running proxy handed over — then its redirection, and
+/// starts accepting.
 pub async fn open(
     shared: &Shared,
     workload: Arc<Workload>,
     netns: Netns,
+    handed: Option<Vec<PodListeners>>,
 ) -> std::io::Result<ServedPod> {
     let path = netns.path().to_path_buf();
-    // IPv4 always; IPv6 too when the pod has an IPv6 address (dual-stack clusters).
-    let mut unspecified = vec![IpAddr::V4(Ipv4Addr::UNSPECIFIED)];
-    if workload.ips.iter().any(IpAddr::is_ipv6) {
-        unspecified.push(IpAddr::V6(Ipv6Addr::UNSPECIFIED));
-    }
-    let mut listeners = Vec::new();
-    for ip in &unspecified {
-        let bind = |port| netns.bind(SocketAddr::new(*ip, port));
-        // Outbound on loopback only: redirection (eBPF and nftables alike) sends the pod's
-        // connections to loopback:4140, and nothing from outside the pod may reach it.
-        let loopback = match ip {
-            IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::LOCALHOST),
-            IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::LOCALHOST),
-        };
-        listeners.push((
-            netns.bind(SocketAddr::new(loopback, OUTBOUND_PORT)).await?,
-            bind(MESH_PORT).await?,
-            bind(INBOUND_PLAIN_PORT).await?,
-        ));
-    }
-    tracing::info!(pod = %workload.key(), netns = %path.display(), families = unspecified.len(), redirect = shared.redirector.mode(), "listening in the pod: loopback:4140 outbound, 4143 mesh, 4144 plaintext");
+    let listeners = match handed {
+        Some(listeners) => {
+            tracing::info!(pod = %workload.key(), netns = %path.display(), redirect = shared.redirector.mode(), "accepting on the listeners handed over");
+            listeners
+        }
+        None => bind_listeners(&workload, &netns).await?,
+    };
     // Listeners first, redirection second: a redirected connection always finds a
     // listener.
     let families: Vec<_> = listeners
         .iter()
-        .zip(&unspecified)
-        .map(|((outbound, mesh, plain), ip)| redirect::FamilyListeners {
-            ipv6: ip.is_ipv6(),
-            outbound,
-            mesh,
-            plain,
+        .map(|l| redirect::FamilyListeners {
+            ipv6: l.ipv6,
+            outbound: &l.outbound,
+            mesh: &l.mesh,
+            plain: &l.plain,
         })
         .collect();
     let netns_cookie = shared
@@ -313,27 +318,59 @@ pub async fn open(
         budget: shared.limits.pod_budget(),
     });
     let mut loops = Vec::new();
-    for (outbound, mesh, plain) in listeners {
+    for l in &listeners {
         loops.push(tokio::spawn(outbound::serve(
-            outbound,
+            l.outbound.clone(),
             pod.clone(),
             shared.clone(),
             stopped.clone(),
         )));
         loops.push(tokio::spawn(inbound::serve_mesh(
-            mesh,
+            l.mesh.clone(),
             pod.clone(),
             shared.clone(),
             stopped.clone(),
         )));
         loops.push(tokio::spawn(inbound::serve_plain(
-            plain,
+            l.plain.clone(),
             pod.clone(),
             shared.clone(),
             stopped.clone(),
         )));
     }
-    Ok(ServedPod { pod, stop, loops })
+    Ok(ServedPod {
+        pod,
+        listeners,
+        stop,
+        loops,
+    })
+}
+
+/// Binds a pod's listeners in its netns: IPv4 always, IPv6 too when the pod has an IPv6
+/// address (dual-stack clusters).
+async fn bind_listeners(workload: &Workload, netns: &Netns) -> std::io::Result<Vec<PodListeners>> {
+    let mut unspecified = vec![IpAddr::V4(Ipv4Addr::UNSPECIFIED)];
+    if workload.ips.iter().any(IpAddr::is_ipv6) {
+        unspecified.push(IpAddr::V6(Ipv6Addr::UNSPECIFIED));
+    }
+    let mut listeners = Vec::new();
+    for ip in &unspecified {
+        let bind = |port| netns.bind(SocketAddr::new(*ip, port));
+        // Outbound on loopback only: redirection (eBPF and nftables alike) sends the pod's
+        // connections to loopback:4140, and nothing from outside the pod may reach it.
+        let loopback = match ip {
+            IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::LOCALHOST),
+            IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::LOCALHOST),
+        };
+        listeners.push(PodListeners {
+            ipv6: ip.is_ipv6(),
+            outbound: Arc::new(netns.bind(SocketAddr::new(loopback, OUTBOUND_PORT)).await?),
+            mesh: Arc::new(bind(MESH_PORT).await?),
+            plain: Arc::new(bind(INBOUND_PLAIN_PORT).await?),
+        });
+    }
+    tracing::info!(pod = %workload.key(), netns = %netns.path().display(), families = unspecified.len(), "listening in the pod: loopback:4140 outbound, 4143 mesh, 4144 plaintext");
+    Ok(listeners)
 }
 
 /// TCP keepalive on every connection the proxy holds, so that a peer that vanished (a node
@@ -426,7 +463,7 @@ where
 /// `tcp_connections_refused_total`); a failure is counted in `tcp_errors_total{direction}`
 /// and logged with the pod and peer.
 pub(crate) async fn serve_each<F, Fut>(
-    listener: tokio::net::TcpListener,
+    listener: Arc<tokio::net::TcpListener>,
     stop: watch::Receiver<bool>,
     pod: Arc<PodContext>,
     shared: Shared,
@@ -472,7 +509,7 @@ pub(crate) fn record_dst(dst: SocketAddr) {
 /// Accepts until `stop` turns true, spawning `handle` per connection that `admit` lets in
 /// (the permit lives as long as the connection); one it refuses is closed at once.
 pub(crate) async fn accept_loop<F, Fut>(
-    listener: tokio::net::TcpListener,
+    listener: Arc<tokio::net::TcpListener>,
     mut stop: watch::Receiver<bool>,
     admit: impl Fn() -> Option<crate::limits::Admitted>,
     handle: F,

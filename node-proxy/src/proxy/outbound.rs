@@ -10,7 +10,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
 pub(super) async fn serve(
-    listener: TcpListener,
+    listener: Arc<TcpListener>,
     pod: Arc<PodContext>,
     shared: Shared,
     stop: watch::Receiver<bool>,

@@ -1,0 +1,467 @@
+//! Hitless restart of the node proxy (issue 13), with the real `ambit-proxy` binary as
+//! node-b's proxy:
+//!
+//! - a second process started beside it with the same run directory takes its listeners
+//!   over while clients send at a fixed rate — through node-b's proxy inbound (a client on
+//!   node-a to a server on node-b) and outbound (a client on node-b to a server on
+//!   node-a), over keep-alive connections and a new connection per request — and not one
+//!   request fails; a long opaque stream opened before the hand-over runs on to its end
+//!   through the old process, which drains and exits on SIGTERM;
+//! - SIGTERM alone drains the same way: new connections are refused (fail closed), an
+//!   open opaque stream runs on to its end, and the process exits when it has.
+//!
+//! Counts are asserted, never timings. Needs `target/debug/ambit-proxy`.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure
+
+use ambit_e2e::binary::{self, Killed};
+use ambit_e2e::netns::Topology;
+use ambit_e2e::testapp::{self, Seen};
+use ambit_e2e::{http_get, metric_sum, ControlPlane, NetnsHandles, NodeProxy, NAMESPACES};
+use ambit_proxy::netns::Netns;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::watch;
+
+/// An opaque port (one of the defaults): relayed as a CONNECT stream, never parsed.
+const OPAQUE: u16 = 5432;
+
+fn cluster(t: &Topology) -> String {
+    let pod = |name: &str, node: &str| {
+        let p = t.pod(name);
+        format!(
+            "---\napiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: shop, annotations: {{local.ambit.dev/netns: {}}}}}\nspec: {{nodeName: {node}, serviceAccountName: {name}, containers: []}}\nstatus: {{podIP: {}, phase: Running}}\n",
+            p.path(),
+            p.ip
+        )
+    };
+    format!(
+        "{NAMESPACES}{}{}{}{}",
+        pod("client", "node-a"),
+        pod("remote", "node-a"),
+        pod("server", "node-b"),
+        pod("local", "node-b"),
+    )
+}
+
+/// Two nodes: node-a's proxy in this process, node-b's the binary.
+struct Mesh {
+    t: Topology,
+    cp: ControlPlane,
+    a: NodeProxy,
+    handles: NetnsHandles,
+    server_seen: Seen,
+    remote_seen: Seen,
+    admin: u16,
+}
+
+impl Mesh {
+    fn addr(&self, pod: &str, port: u16) -> SocketAddr {
+        SocketAddr::new(self.t.pod(pod).ip.into(), port)
+    }
+
+    fn netns(&self, pod: &str) -> PathBuf {
+        PathBuf::from(self.t.pod(pod).path())
+    }
+}
+
+async fn mesh() -> Mesh {
+    let t = Topology::new(&["client", "remote", "server", "local"]);
+    let cp = ControlPlane::start(&cluster(&t), &["node-a", "node-b"]).await;
+    let a = NodeProxy::start(&cp, "node-a").await;
+    let handles = NetnsHandles(NodeProxy::config(&cp, "node-b").run_dir);
+    let open = |pod: &str| Netns::open(Path::new(&t.pod(pod).path())).unwrap();
+    let server_ns = open("server");
+    let server_seen = testapp::serve(&server_ns, 8080, "server").await;
+    echo_server(&server_ns).await;
+    let remote_seen = testapp::serve(&open("remote"), 8080, "remote").await;
+    let admin = binary::free_port();
+    Mesh {
+        t,
+        cp,
+        a,
+        handles,
+        server_seen,
+        remote_seen,
+        admin,
+    }
+}
+
+/// An echo server in `netns` on [`OPAQUE`].
+async fn echo_server(netns: &Netns) {
+    let listener = netns
+        .bind(SocketAddr::from(([0, 0, 0, 0], OPAQUE)))
+        .await
+        .unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let (mut r, mut w) = s.split();
+                let _ = tokio::io::copy(&mut r, &mut w).await;
+                let _ = w.shutdown().await;
+            });
+        }
+    });
+}
+
+type Sender = hyper::client::conn::http1::SendRequest<Empty<Bytes>>;
+
+async fn connect(netns: &Netns, dst: SocketAddr) -> Result<Sender, String> {
+    let stream = tokio::time::timeout(Duration::from_secs(5), netns.connect(dst, 0))
+        .await
+        .map_err(|_| "connect timed out".to_string())?
+        .map_err(|e| format!("connect: {e}"))?;
+    let (send, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+        .await
+        .map_err(|e| format!("handshake: {e}"))?;
+    tokio::spawn(conn);
+    Ok(send)
+}
+
+/// One GET: the status, and whether the server asked to close the connection.
+async fn get(send: &mut Sender, host: &str) -> Result<(u16, bool), String> {
+    let req = http::Request::get("/")
+        .header("host", host)
+        .body(Empty::new())
+        .unwrap();
+    let resp = tokio::time::timeout(Duration::from_secs(5), send.send_request(req))
+        .await
+        .map_err(|_| "no response in 5 s".to_string())?
+        .map_err(|e| format!("request: {e}"))?;
+    let close = resp
+        .headers()
+        .get(http::header::CONNECTION)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"close"));
+    let status = resp.status().as_u16();
+    resp.into_body()
+        .collect()
+        .await
+        .map_err(|e| format!("body: {e}"))?;
+    Ok((status, close))
+}
+
+/// What a client at a fixed rate saw.
+#[derive(Default)]
+struct Load {
+    ok: AtomicU64,
+    connections: AtomicU64,
+    failed: Mutex<Vec<String>>,
+}
+
+/// GETs from the pod at `netns` to `dst` every 20 ms until `stop`: over one keep-alive
+/// connection — checked before each use and replaced when the server asked to close it or
+/// closed it between requests, as an HTTP client's pool does — or a new connection per
+/// request. A request that fails or gets anything but 200 is a failure.
+fn load(
+    netns: PathBuf,
+    dst: SocketAddr,
+    keepalive: bool,
+    stop: watch::Receiver<bool>,
+) -> Arc<Load> {
+    let seen = Arc::new(Load::default());
+    let counts = seen.clone();
+    tokio::spawn(async move {
+        let netns = Netns::open(&netns).unwrap();
+        let host = dst.to_string();
+        let mut every = tokio::time::interval(Duration::from_millis(20));
+        let mut conn: Option<Sender> = None;
+        while !*stop.borrow() {
+            every.tick().await;
+            if let Some(send) = &mut conn {
+                if send.ready().await.is_err() {
+                    conn = None;
+                }
+            }
+            let send = match &mut conn {
+                Some(send) => send,
+                None => match connect(&netns, dst).await {
+                    Ok(send) => {
+                        counts.connections.fetch_add(1, Ordering::Relaxed);
+                        conn.insert(send)
+                    }
+                    Err(e) => {
+                        counts.failed.lock().unwrap().push(e);
+                        continue;
+                    }
+                },
+            };
+            match get(send, &host).await {
+                Ok((200, close)) => {
+                    counts.ok.fetch_add(1, Ordering::Relaxed);
+                    if close || !keepalive {
+                        conn = None;
+                    }
+                }
+                Ok((status, _)) => {
+                    counts
+                        .failed
+                        .lock()
+                        .unwrap()
+                        .push(format!("status {status}"));
+                    conn = None;
+                }
+                Err(e) => {
+                    counts.failed.lock().unwrap().push(e);
+                    conn = None;
+                }
+            }
+        }
+    });
+    seen
+}
+
+/// An opaque stream from the pod at `netns` to `dst`: 1 KiB every 50 ms until `stop`,
+/// each echoed back; then a half-close and the echo read to its end. Returns the bytes
+/// sent and the bytes echoed, and how many chunks went out after `mark` turned true.
+fn stream(
+    netns: PathBuf,
+    dst: SocketAddr,
+    mark: watch::Receiver<bool>,
+    stop: watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<(Vec<u8>, Vec<u8>, usize)> {
+    tokio::spawn(async move {
+        let netns = Netns::open(&netns).unwrap();
+        let mut s = netns.connect(dst, 0).await.unwrap();
+        let (mut r, mut w) = s.split();
+        let mut sent = Vec::new();
+        let mut after = 0;
+        let send = async {
+            let mut i: u8 = 0;
+            while !*stop.borrow() {
+                let chunk = vec![i; 1024];
+                i = i.wrapping_add(1);
+                if w.write_all(&chunk).await.is_err() {
+                    break;
+                }
+                sent.extend_from_slice(&chunk);
+                if *mark.borrow() {
+                    after += 1;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            let _ = w.shutdown().await;
+        };
+        let mut got = Vec::new();
+        let recv = async {
+            let _ = tokio::time::timeout(Duration::from_secs(120), r.read_to_end(&mut got)).await;
+        };
+        tokio::join!(send, recv);
+        (sent, got, after)
+    })
+}
+
+/// Waits until `admin`'s `/ready` answers 200.
+async fn until_ready(admin: u16) {
+    let addr = SocketAddr::from(([127, 0, 0, 1], admin));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let ready = tokio::time::timeout(Duration::from_secs(2), http_get(addr, "/ready")).await;
+        if matches!(ready, Ok((200, _))) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "never ready: {ready:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Until a GET from `from` to `to` is served (the binary serves node-b's pods).
+async fn until_served(from: &Path, to: SocketAddr) {
+    let netns = Netns::open(from).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok(mut send) = connect(&netns, to).await {
+            if let Ok((200, _)) = get(&mut send, &to.to_string()).await {
+                return;
+            }
+        }
+        assert!(Instant::now() < deadline, "{to} never served");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Waits for the process to exit (60 s at most); its status.
+async fn until_exit(p: &mut Killed) -> std::process::ExitStatus {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some(status) = p.exited() {
+            return status;
+        }
+        assert!(Instant::now() < deadline, "the proxy did not exit");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_proxy_takes_over_without_a_failed_request() {
+    let m = mesh().await;
+    let mut old = Killed(binary::spawn(&m.cp, "node-b", m.admin, &[]));
+    until_ready(m.admin).await;
+    let (inbound, outbound) = (m.addr("server", 8080), m.addr("remote", 8080));
+    until_served(&m.netns("client"), inbound).await;
+    until_served(&m.netns("local"), outbound).await;
+
+    let (stop_tx, stop) = watch::channel(false);
+    let loads = [
+        (
+            "inbound keep-alive",
+            load(m.netns("client"), inbound, true, stop.clone()),
+        ),
+        (
+            "inbound new connections",
+            load(m.netns("client"), inbound, false, stop.clone()),
+        ),
+        (
+            "outbound keep-alive",
+            load(m.netns("local"), outbound, true, stop.clone()),
+        ),
+        (
+            "outbound new connections",
+            load(m.netns("local"), outbound, false, stop.clone()),
+        ),
+    ];
+    let (taken_tx, taken) = watch::channel(false);
+    let (end_stream, stream_stop) = watch::channel(false);
+    let opaque = stream(
+        m.netns("client"),
+        m.addr("server", OPAQUE),
+        taken,
+        stream_stop,
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let before = m.server_seen.total() + m.remote_seen.total();
+
+    // The new process: same run directory, same admin address (handed over).
+    let new = Killed(binary::spawn(&m.cp, "node-b", m.admin, &[]));
+    // The admin port answers for the new process once it has introduced itself, and
+    // says ready once it serves the pods.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let dump = http_get(SocketAddr::from(([127, 0, 0, 1], m.admin)), "/config_dump").await;
+        let dump: serde_json::Value = serde_json::from_str(&dump.1).unwrap_or_default();
+        if dump["pid"] == new.0.id() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the admin port never moved to the new process"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    until_ready(m.admin).await;
+    taken_tx.send_replace(true);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stop_tx.send_replace(true);
+    // The opaque stream opened before the hand-over runs on through the old process.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    end_stream.send_replace(true);
+    let (sent, echoed, after) = opaque.await.unwrap();
+    assert!(after > 0, "the stream did not outlive the hand-over");
+    assert_eq!(echoed.len(), sent.len(), "opaque stream cut short");
+    assert!(echoed == sent, "opaque stream corrupted");
+
+    for (what, l) in &loads {
+        let failed = l.failed.lock().unwrap().clone();
+        let ok = l.ok.load(Ordering::Relaxed);
+        eprintln!(
+            "{what}: {ok} served, {} connections, {} failed",
+            l.connections.load(Ordering::Relaxed),
+            failed.len()
+        );
+        assert!(
+            failed.is_empty(),
+            "{what}: {} failed: {failed:?}",
+            failed.len()
+        );
+        assert!(ok > 50, "{what}: only {ok} served");
+    }
+    // The keep-alive client on node-b was moved to the new process (its old connection
+    // answered `connection: close`), not cut; node-a's proxy moved its tunnel (GOAWAY).
+    assert!(
+        loads[2].1.connections.load(Ordering::Relaxed) >= 2,
+        "outbound keep-alive: never reconnected: still on the old process"
+    );
+    assert!(m.server_seen.total() + m.remote_seen.total() > before);
+    // Both directions were served by the new process.
+    let metrics = http_get(SocketAddr::from(([127, 0, 0, 1], m.admin)), "/metrics").await;
+    for direction in ["inbound", "outbound"] {
+        let label = format!("direction=\"{direction}\"");
+        assert!(
+            metric_sum(&metrics.1, "request_total", &[&label]) > 0,
+            "no {direction} request served by the new process: {}",
+            metrics.1
+        );
+    }
+
+    // The new process serves on its own: the old one, drained, exits on SIGTERM.
+    old.terminate();
+    assert!(until_exit(&mut old).await.success());
+    until_served(&m.netns("client"), inbound).await;
+    until_served(&m.netns("local"), outbound).await;
+
+    drop(new);
+    m.a.stop().await;
+    m.cp.stop().await;
+    drop(m.handles);
+    drop(m.t);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_drains_open_streams_and_refuses_new_connections() {
+    let m = mesh().await;
+    let mut old = Killed(binary::spawn(
+        &m.cp,
+        "node-b",
+        m.admin,
+        &["--shutdown-grace-period", "5m"],
+    ));
+    until_ready(m.admin).await;
+    let inbound = m.addr("server", 8080);
+    until_served(&m.netns("client"), inbound).await;
+
+    let (signalled_tx, signalled) = watch::channel(false);
+    let (end_stream, stream_stop) = watch::channel(false);
+    let opaque = stream(
+        m.netns("client"),
+        m.addr("server", OPAQUE),
+        signalled,
+        stream_stop,
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    old.terminate();
+    signalled_tx.send_replace(true);
+    // Draining: a new connection is refused (fail closed), the stream goes on.
+    let netns = Netns::open(&m.netns("client")).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let served = match connect(&netns, inbound).await {
+            Ok(mut send) => matches!(get(&mut send, &inbound.to_string()).await, Ok((200, _))),
+            Err(_) => false,
+        };
+        if !served {
+            break;
+        }
+        assert!(Instant::now() < deadline, "still served after SIGTERM");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(old.exited().is_none(), "exited with a stream open");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    end_stream.send_replace(true);
+    let (sent, echoed, after) = opaque.await.unwrap();
+    assert!(after > 0, "nothing sent after SIGTERM");
+    assert_eq!(echoed.len(), sent.len(), "opaque stream cut short");
+    assert!(echoed == sent, "opaque stream corrupted");
+    // The last connection over: the process exits, well before its 5-minute grace period
+    // (the test gives it 60 s).
+    assert!(until_exit(&mut old).await.success());
+
+    m.a.stop().await;
+    m.cp.stop().await;
+    drop(m.handles);
+    drop(m.t);
+}
