@@ -161,14 +161,27 @@ pub async fn run_taking_over(
         }
     };
 
-    let (state_tx, state_rx) = watch::channel(Arc::new(DiscoveryState::default()));
+    // What the proxy kept on disk, served until the control plane answers (persist/).
+    let persisted = crate::persist::load(
+        &config,
+        &bundle,
+        fallback_policy,
+        &identities,
+        &mut registry,
+    );
+    let (state_tx, state_rx) = watch::channel(persisted.discovery);
     let discovery =
         DiscoveryClient::new(discovery_channel, token.clone(), config.node_name.clone());
     let discovery_task = tokio::spawn(discovery.run(state_tx, discovery_metrics, drained()));
-    let (policy_tx, policy_rx) =
-        watch::channel(Arc::new(crate::policy::PolicyState::new(fallback_policy)));
+    let (policy_tx, policy_rx) = watch::channel(persisted.policy);
     let policy = crate::policy::PolicyClient::new(policy_channel, token, config.node_name.clone());
     let policy_task = tokio::spawn(policy.run(policy_tx, policy_metrics, drained()));
+    let persister = persisted.persister;
+    tokio::spawn(
+        persister
+            .clone()
+            .run(state_rx.clone(), policy_rx.clone(), drained()),
+    );
     let reconcile_task = tokio::spawn(reconcile_identities(
         identities.clone(),
         state_rx.clone(),
@@ -191,13 +204,13 @@ pub async fn run_taking_over(
             (pods.clone(), serving.clone(), held.clone()),
             config.node_name.clone(),
         ),
-        dump: config_dump(
+        dump: persister.config_dump(config_dump(
             config.clone(),
             identities.clone(),
             state_rx.clone(),
             bundle.clone(),
             (redirector.mode(), pods.clone()),
-        ),
+        )),
         log_level,
         shutdown: drain_tx.clone(),
     };

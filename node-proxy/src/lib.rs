@@ -28,6 +28,8 @@
 //! - [`netns`]: sockets inside a pod's network namespace.
 //! - [`handover`]: hitless restart — a new process takes the listeners over from the
 //!   running one, which drains.
+//! - [`persist`]: the state kept on disk (discovery, policy, keys and certificates) so
+//!   that a restart while the control plane is away serves from it.
 
 pub mod admin;
 pub mod app;
@@ -41,6 +43,7 @@ pub mod identity;
 pub mod limits;
 pub mod logging;
 pub mod netns;
+pub mod persist;
 pub mod pods;
 pub mod policy;
 pub mod proxy;
