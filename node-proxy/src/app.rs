@@ -196,6 +196,8 @@ pub async fn run_taking_over(
         .as_fd()
         .try_clone_to_owned()
         .map_err(|e| AppError::Admin(format!("duplicating the admin listener: {e}")))?;
+    // Why this process no longer serves (draining), for /ready.
+    let stopping = Arc::new(watch::channel(None::<String>).0);
     let admin = Admin {
         registry: Arc::new(registry),
         ready: ready_probe(
@@ -203,6 +205,7 @@ pub async fn run_taking_over(
             state_rx.clone(),
             (pods.clone(), serving.clone(), held.clone()),
             config.node_name.clone(),
+            stopping.subscribe(),
         ),
         dump: persister.config_dump(config_dump(
             config.clone(),
@@ -214,12 +217,17 @@ pub async fn run_taking_over(
         log_level,
         shutdown: drain_tx.clone(),
     };
+    // The admin server outlives the drain: the probes and metrics of a draining proxy
+    // still answer (`/ready` says it is draining).
+    let (admin_stop, mut admin_stopped) = watch::channel(false);
     let admin_task = tokio::spawn(admin::serve(
         admin_listener,
         admin::router(admin),
         limits.clone(),
         admin_gate.clone(),
-        drained(),
+        async move {
+            let _ = admin_stopped.wait_for(|s| *s).await;
+        },
     ));
 
     // Taking over: once this process can serve (discovery, policy, every certificate), the
@@ -379,8 +387,10 @@ pub async fn run_taking_over(
     tracing::info!(config = %serde_json::to_string(&config).unwrap_or_default(), "ambit-proxy started");
 
     let mut outcome = Outcome::Stopped;
+    let mut told_to_stop = false;
     tokio::select! {
         _ = &mut shutdown => {
+            told_to_stop = true;
             // Told to stop in the middle of a hand-over: the successor gets what it came
             // for first (within the grace period), so that the pods' listeners live on.
             if *in_progress.borrow() {
@@ -398,6 +408,10 @@ pub async fn run_taking_over(
     }
     handover_task.abort();
     tracing::info!(grace_period = ?config.shutdown_grace_period, "draining");
+    stopping.send_replace(Some(match outcome {
+        Outcome::HandedOver(pid) => format!("handed over to the proxy with pid {pid}; draining"),
+        Outcome::Stopped => "stopping; draining".into(),
+    }));
     drain_tx.send_replace(true);
     let _ = discovery_task.await;
     let _ = policy_task.await;
@@ -410,10 +424,20 @@ pub async fn run_taking_over(
             let _ = std::fs::remove_file(&config.cni_socket);
         }
     }
+    drain_connections(&limits, config.shutdown_grace_period).await;
+    if let (Outcome::HandedOver(pid), false) = (outcome, told_to_stop) {
+        // Exiting now would have Kubernetes restart the container, and the restarted old
+        // version take the listeners back: stay, drained, until told to stop.
+        tracing::info!(
+            successor = pid,
+            "handed over and drained; exits when told to stop (SIGTERM)"
+        );
+        shutdown.await;
+    }
+    admin_stop.send_replace(true);
     admin_task
         .await
         .map_err(|e| AppError::Admin(e.to_string()))?;
-    drain_connections(&limits, config.shutdown_grace_period).await;
     Ok(outcome)
 }
 
@@ -545,8 +569,12 @@ fn ready_probe(
         crate::pods::HeldPods,
     ),
     node: String,
+    stopping: watch::Receiver<Option<String>>,
 ) -> admin::ReadyProbe {
     Arc::new(move || {
+        if let Some(why) = stopping.borrow().clone() {
+            return Err(why);
+        }
         let s = state.borrow().clone();
         if !s.synced {
             return Err("discovery has not delivered a snapshot yet".into());

@@ -27,40 +27,28 @@ async fn run(config: Config) -> anyhow::Result<()> {
         .map_err(anyhow::Error::msg)?;
     tracing::subscriber::set_global_default(subscriber).context("installing the logger")?;
     tokio::spawn(return_free_heap());
-    let (stop_tx, stop) = tokio::sync::watch::channel(false);
-    tokio::spawn(async move {
-        shutdown_signal().await;
-        stop_tx.send_replace(true);
-    });
-    let stopped = move || {
-        let mut stop = stop.clone();
-        async move {
-            let _ = stop.wait_for(|s| *s).await;
-        }
-    };
     // A proxy running with the same run directory hands its listeners over (hitless
-    // restart); else the admin port is bound here.
-    let (predecessor, admin) = match ambit_proxy::handover::Predecessor::connect(&config.run_dir)
-        .await
+    // restart). Its admin listener too when the address is taken — by that proxy, in the
+    // same network namespace; in a pod of its own, this one binds its own.
+    let bound = bind_admin(&config).await;
+    let want_admin = bound.is_err();
+    let (predecessor, admin) = match ambit_proxy::handover::Predecessor::connect(
+        &config.run_dir,
+        want_admin,
+    )
+    .await
     {
-        Ok(Some((predecessor, admin))) => (Some(predecessor), admin),
-        Ok(None) => (None, bind_admin(&config).await?),
+        Ok(Some((predecessor, Some(admin)))) => (Some(predecessor), admin),
+        Ok(Some((predecessor, None))) => (Some(predecessor), bound?),
+        Ok(None) => (None, bound?),
         Err(error) => {
             tracing::warn!(%error, "cannot take over from the proxy running with this run directory; starting anew");
-            (None, bind_admin(&config).await?)
+            (None, bound?)
         }
     };
-    let outcome =
-        ambit_proxy::app::run_taking_over(config, admin, predecessor, log_level, stopped()).await?;
-    if let ambit_proxy::app::Outcome::HandedOver(pid) = outcome {
-        // Exiting now would have the container restarted, and the old version take the
-        // listeners back: stay, drained, until told to stop.
-        tracing::info!(
-            successor = pid,
-            "handed over and drained; waiting for SIGTERM to exit"
-        );
-        stopped().await;
-    }
+    // Handed over to a new process, this returns only once told to stop (see app).
+    ambit_proxy::app::run_taking_over(config, admin, predecessor, log_level, shutdown_signal())
+        .await?;
     Ok(())
 }
 

@@ -298,7 +298,20 @@ async fn until_exit(p: &mut Killed) -> std::process::ExitStatus {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_new_proxy_takes_over_without_a_failed_request() {
+async fn a_new_proxy_in_a_pod_of_its_own_takes_over_without_a_failed_request() {
+    take_over(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_proxy_on_the_same_admin_address_takes_over_without_a_failed_request() {
+    take_over(true).await;
+}
+
+/// The old proxy, clients at a fixed rate and an opaque stream; a new proxy takes over.
+/// `shared_admin`: the new one is started with the old one's admin address (host network,
+/// one machine) and gets its admin listener; else it has its own (the DaemonSet's surge
+/// pod, in a network namespace of its own).
+async fn take_over(shared_admin: bool) {
     let m = mesh().await;
     let mut old = Killed(binary::spawn(&m.cp, "node-b", m.admin, &[]));
     until_ready(m.admin).await;
@@ -336,24 +349,44 @@ async fn a_new_proxy_takes_over_without_a_failed_request() {
     tokio::time::sleep(Duration::from_secs(1)).await;
     let before = m.server_seen.total() + m.remote_seen.total();
 
-    // The new process: same run directory, same admin address (handed over).
-    let new = Killed(binary::spawn(&m.cp, "node-b", m.admin, &[]));
-    // The admin port answers for the new process once it has introduced itself, and
-    // says ready once it serves the pods.
+    // The new process: same run directory.
+    let admin = if shared_admin {
+        m.admin
+    } else {
+        binary::free_port()
+    };
+    let new = Killed(binary::spawn(&m.cp, "node-b", admin, &[]));
+    // Its admin port answers for it once it has introduced itself (the old one's, handed
+    // over, or its own), and says ready once it serves the pods.
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let dump = http_get(SocketAddr::from(([127, 0, 0, 1], m.admin)), "/config_dump").await;
-        let dump: serde_json::Value = serde_json::from_str(&dump.1).unwrap_or_default();
+        let dump = tokio::time::timeout(
+            Duration::from_secs(2),
+            http_get(SocketAddr::from(([127, 0, 0, 1], admin)), "/config_dump"),
+        )
+        .await;
+        let dump: serde_json::Value = match dump {
+            Ok((200, body)) => serde_json::from_str(&body).unwrap_or_default(),
+            _ => serde_json::Value::Null,
+        };
         if dump["pid"] == new.0.id() {
             break;
         }
         assert!(
             Instant::now() < deadline,
-            "the admin port never moved to the new process"
+            "the admin port never answered for the new process"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    until_ready(m.admin).await;
+    until_ready(admin).await;
+    if !shared_admin {
+        // The old process keeps its own admin port: still live, draining.
+        let old_admin = SocketAddr::from(([127, 0, 0, 1], m.admin));
+        assert_eq!(http_get(old_admin, "/live").await.0, 200);
+        let (status, why) = http_get(old_admin, "/ready").await;
+        assert_eq!(status, 503, "{why}");
+        assert!(why.contains("handed over"), "{why}");
+    }
     taken_tx.send_replace(true);
     tokio::time::sleep(Duration::from_secs(2)).await;
     stop_tx.send_replace(true);
@@ -388,7 +421,7 @@ async fn a_new_proxy_takes_over_without_a_failed_request() {
     );
     assert!(m.server_seen.total() + m.remote_seen.total() > before);
     // Both directions were served by the new process.
-    let metrics = http_get(SocketAddr::from(([127, 0, 0, 1], m.admin)), "/metrics").await;
+    let metrics = http_get(SocketAddr::from(([127, 0, 0, 1], admin)), "/metrics").await;
     for direction in ["inbound", "outbound"] {
         let label = format!("direction=\"{direction}\"");
         assert!(

@@ -4,8 +4,11 @@
 //! The running process listens on [`SOCKET`] in the run directory (a `SOCK_SEQPACKET`
 //! unix socket, mode 0600, peers with our own uid only). A new process connects at start:
 //!
-//! 1. `hello` → `admin` + the admin listener: the new process answers the probes from now
-//!    on (not ready yet); the running one stops accepting on it.
+//! 1. `hello` → `admin`. When the new process could not bind the admin address because
+//!    the running one has it (host network, or one machine), the admin listener rides
+//!    along: the new process answers the probes from now on (not ready yet), the running
+//!    one stops accepting on it. In a pod of its own (the DaemonSet's surge pod) the new
+//!    process has its own admin port, and the old one keeps answering on its own.
 //! 2. The new process gets discovery, policy and a certificate for every identity on the
 //!    node (from the control plane, or from what was persisted), then `take` → the running
 //!    one stops accepting on the CNI socket, lets the requests in flight finish, and sends
@@ -68,9 +71,12 @@ fn tcp_listener(fd: OwnedFd) -> io::Result<Arc<tokio::net::TcpListener>> {
 }
 
 impl Predecessor {
-    /// Connects to a proxy running with `run_dir` and takes its admin listener; `None`
-    /// when none runs.
-    pub async fn connect(run_dir: &Path) -> io::Result<Option<(Self, tokio::net::TcpListener)>> {
+    /// Connects to a proxy running with `run_dir`, taking its admin listener if
+    /// `want_admin`; `None` when none runs.
+    pub async fn connect(
+        run_dir: &Path,
+        want_admin: bool,
+    ) -> io::Result<Option<(Self, Option<tokio::net::TcpListener>)>> {
         let path = run_dir.join(SOCKET);
         let Some(channel) = Channel::connect(&path)? else {
             return Ok(None);
@@ -78,23 +84,27 @@ impl Predecessor {
         let hello = Message::Hello {
             pid: std::process::id(),
             version: env!("CARGO_PKG_VERSION").into(),
+            admin: want_admin,
         };
         channel.send(&hello, &[]).await?;
         let (pid, version, admin) = channel
             .expect("admin", |m, mut fds| match m {
-                Message::Admin { pid, version } if fds.len() == 1 => {
-                    Some((pid, version, fds.pop()?))
+                Message::Admin { pid, version } if fds.len() == usize::from(want_admin) => {
+                    Some((pid, version, fds.pop()))
                 }
                 _ => None,
             })
             .await?;
-        let admin = std::net::TcpListener::from(admin);
-        admin.set_nonblocking(true)?;
-        tracing::info!(pid, %version, "taking over from the running proxy: its admin listener is ours");
-        Ok(Some((
-            Self { channel, pid },
-            tokio::net::TcpListener::from_std(admin)?,
-        )))
+        let admin = match admin {
+            Some(fd) => {
+                let admin = std::net::TcpListener::from(fd);
+                admin.set_nonblocking(true)?;
+                Some(tokio::net::TcpListener::from_std(admin)?)
+            }
+            None => None,
+        };
+        tracing::info!(pid, %version, admin = admin.is_some(), "taking over from the running proxy");
+        Ok(Some((Self { channel, pid }, admin)))
     }
 
     /// Asks for the CNI socket and every pod's listeners.
@@ -221,19 +231,28 @@ pub async fn serve(listener: Listener, running: Running) -> u32 {
 }
 
 async fn successor(channel: &Channel, running: &Running) -> io::Result<u32> {
-    let (pid, version) = channel
+    let (pid, version, admin) = channel
         .expect("hello", |m, _| match m {
-            Message::Hello { pid, version } => Some((pid, version)),
+            Message::Hello {
+                pid,
+                version,
+                admin,
+            } => Some((pid, version, admin)),
             _ => None,
         })
         .await?;
-    tracing::info!(pid, %version, "a new proxy is taking over: its admin server answers from now on");
-    running.admin.1.close();
     let own = Message::Admin {
         pid: std::process::id(),
         version: env!("CARGO_PKG_VERSION").into(),
     };
-    channel.send(&own, &[running.admin.0.as_fd()]).await?;
+    if admin {
+        tracing::info!(pid, %version, "a new proxy is taking over: its admin server answers from now on");
+        running.admin.1.close();
+        channel.send(&own, &[running.admin.0.as_fd()]).await?;
+    } else {
+        tracing::info!(pid, %version, "a new proxy is taking over");
+        channel.send(&own, &[]).await?;
+    }
 
     channel
         .expect("take", |m, _| matches!(m, Message::Take).then_some(()))

@@ -30,9 +30,14 @@ pub enum Message {
         pid: u32,
         /// Its version.
         version: String,
+        /// Whether it wants the admin listener: it could not bind the admin address, which
+        /// is the running process's (the same network namespace: host network, one
+        /// machine). In a pod of its own it binds its own.
+        admin: bool,
     },
-    /// ← The running process answers; the admin listener rides with it, and from now on
-    /// the new process answers the probes (not ready until it serves the pods).
+    /// ← The running process answers; the admin listener rides with it when asked for,
+    /// and from then on the new process answers the probes (not ready until it serves the
+    /// pods).
     Admin {
         /// Its pid.
         pid: u32,
