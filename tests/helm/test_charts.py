@@ -148,9 +148,15 @@ def test_the_node_proxy_daemonset_is_what_a_node_needs(pki):
     spec = ds["spec"]["template"]["spec"]
     assert spec["priorityClassName"] == "system-node-critical"
     assert spec["tolerations"] == [{"operator": "Exists"}]
-    # Two proxies cannot share a node yet: the old one stops before the new one starts.
-    assert ds["spec"]["updateStrategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
+    # Hitless: the new proxy starts beside the old one and takes its sockets over.
+    assert ds["spec"]["updateStrategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+    # ... which takes a proxy pod without host ports (the surge pod would not schedule)
+    # and a grace period above the proxy's own drain.
+    assert all("hostPort" not in p for c in spec["containers"] for p in c.get("ports", []))
+    assert not spec.get("hostNetwork")
     assert spec["terminationGracePeriodSeconds"] == 40
+    env = {e["name"]: e.get("value") for e in chartlib.container(objects, "DaemonSet", "ambit-proxy", "ambit-proxy")["env"]}
+    assert env["AMBIT_SHUTDOWN_GRACE_PERIOD"] == "30s"
     proxy = chartlib.container(objects, "DaemonSet", "ambit-proxy", "ambit-proxy")
     assert proxy["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "admin-http"}
     assert proxy["livenessProbe"]["httpGet"] == {"path": "/live", "port": "admin-http"}
