@@ -1,4 +1,5 @@
-//! Test helpers: an in-process CA that issues real X.509-SVIDs.
+//! Test helpers: an in-process CA that issues real X.509-SVIDs, and network namespaces
+//! made for one test.
 //!
 //! The node proxy never links the control plane, so its own tests sign with this small CA
 //! (rcgen, the same algorithms and extensions as the real one). End-to-end tests in
@@ -175,5 +176,46 @@ impl CaClient for TestCa {
             })
         };
         Box::pin(async move { result })
+    }
+}
+
+/// A network namespace of the test's own (`ip netns add ambit-unit-<tag>-<pid>`, loopback
+/// up), deleted on drop, also when the test fails.
+#[derive(Debug)]
+pub struct TestNetns(String);
+
+impl TestNetns {
+    /// Makes the namespace; panics with `ip`'s error if it cannot (tests run as root).
+    pub fn new(tag: &str) -> Self {
+        let name = format!("ambit-unit-{tag}-{}", std::process::id());
+        let run = |args: &[&str]| {
+            let out = std::process::Command::new("ip")
+                .args(args)
+                .output()
+                .unwrap_or_else(|e| panic!("ip: {e}"));
+            assert!(out.status.success(), "ip {args:?}: {out:?}");
+        };
+        run(&["netns", "add", &name]);
+        let ns = Self(name);
+        run(&["-n", &ns.0, "link", "set", "lo", "up"]);
+        ns
+    }
+
+    /// Its name, for `ip netns exec`.
+    pub fn name(&self) -> &str {
+        &self.0
+    }
+
+    /// `/run/netns/<name>`.
+    pub fn path(&self) -> std::path::PathBuf {
+        std::path::PathBuf::from(format!("/run/netns/{}", self.0))
+    }
+}
+
+impl Drop for TestNetns {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("ip")
+            .args(["netns", "delete", &self.0])
+            .output();
     }
 }

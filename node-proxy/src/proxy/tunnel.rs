@@ -285,39 +285,8 @@ async fn handshake(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::TestCa;
+    use crate::testing::{TestCa, TestNetns};
     use std::sync::atomic::{AtomicUsize, Ordering};
-
-    /// A network namespace of the test's own (`ip netns`), deleted on drop.
-    struct TestNetns(String);
-
-    impl TestNetns {
-        fn new(tag: &str) -> Self {
-            let name = format!("ambit-unit-{tag}-{}", std::process::id());
-            let run = |args: &[&str]| {
-                let out = std::process::Command::new("ip")
-                    .args(args)
-                    .output()
-                    .unwrap_or_else(|e| panic!("ip: {e}"));
-                assert!(out.status.success(), "ip {args:?}: {out:?}");
-            };
-            run(&["netns", "add", &name]);
-            run(&["-n", &name, "link", "set", "lo", "up"]);
-            Self(name)
-        }
-
-        fn path(&self) -> std::path::PathBuf {
-            std::path::PathBuf::from(format!("/run/netns/{}", self.0))
-        }
-    }
-
-    impl Drop for TestNetns {
-        fn drop(&mut self) {
-            let _ = std::process::Command::new("ip")
-                .args(["netns", "delete", &self.0])
-                .output();
-        }
-    }
 
     /// A peer proxy's mesh port inside `netns`: mTLS as `id`, HTTP/2 answering 200;
     /// counts the TCP connections it accepts.
