@@ -118,6 +118,8 @@ pub struct ControlPlane {
     pub admin_addr: SocketAddr,
     /// The control plane's index, to change the cluster without a backend (benchmarks).
     pub index: ambit_control::index::SharedIndex,
+    /// The command line it runs with (for [`Self::resume`]).
+    args: Vec<String>,
     stop: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<()>>,
 }
@@ -145,6 +147,22 @@ impl ControlPlane {
         root: CaMaterial,
         iss: CaMaterial,
     ) -> Self {
+        Self::start_local(cluster_yaml, nodes, discovery_addr, (root, iss), &[]).await
+    }
+
+    /// As [`Self::start`], with further flags (e.g. `--cert-lifetime 1m`).
+    pub async fn start_with_flags(cluster_yaml: &str, nodes: &[&str], extra: &[&str]) -> Self {
+        let addr = "127.0.0.1:0".parse().unwrap();
+        Self::start_local(cluster_yaml, nodes, addr, test_pki(), extra).await
+    }
+
+    async fn start_local(
+        cluster_yaml: &str,
+        nodes: &[&str],
+        discovery_addr: SocketAddr,
+        (root, iss): (CaMaterial, CaMaterial),
+        extra: &[&str],
+    ) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let p = |n: &str| dir.path().join(n);
         std::fs::create_dir(p("cluster")).unwrap();
@@ -154,7 +172,7 @@ impl ControlPlane {
             .map(|n| format!("  {n}: {}\n", node_token(n)))
             .collect();
         std::fs::write(p("tokens.yaml"), format!("nodes:\n{tokens}")).unwrap();
-        let backend = [
+        let mut backend = vec![
             "--backend".to_string(),
             "local".into(),
             "--local-dir".into(),
@@ -164,6 +182,7 @@ impl ControlPlane {
             "--local-poll-interval".into(),
             "50ms".into(),
         ];
+        backend.extend(extra.iter().map(|s| s.to_string()));
         Self::launch(dir, root, iss, discovery_addr, &backend).await
     }
 
@@ -204,35 +223,27 @@ impl ControlPlane {
             path_arg(&p("issuer.key")),
         ];
         args.extend(backend.iter().cloned());
-        let config = <Config as clap::Parser>::try_parse_from(&args)
-            .unwrap_or_else(|e| panic!("ambit-control {args:?}: {e}"));
         let identity = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let discovery = tokio::net::TcpListener::bind(discovery_addr).await.unwrap();
         let admin = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let policy = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let policy_addr = policy.local_addr().unwrap();
-        let identity_addr = identity.local_addr().unwrap();
-        let discovery_addr = discovery.local_addr().unwrap();
-        let admin_addr = admin.local_addr().unwrap();
-        let control = Control::build(config).await.unwrap();
-        let index = control.index();
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(async move {
-            control
-                .serve(
-                    Listeners {
-                        identity,
-                        discovery,
-                        policy,
-                        admin,
-                    },
-                    async move {
-                        let _ = stopped.await;
-                    },
-                )
-                .await
-                .unwrap();
-        });
+        let addr = |l: &tokio::net::TcpListener| l.local_addr().unwrap();
+        let (identity_addr, discovery_addr, policy_addr, admin_addr) = (
+            addr(&identity),
+            addr(&discovery),
+            addr(&policy),
+            addr(&admin),
+        );
+        let (index, stop, task) = Self::serve(
+            &args,
+            Listeners {
+                identity,
+                discovery,
+                policy,
+                admin,
+            },
+        )
+        .await;
         let cp = Self {
             dir,
             root,
@@ -242,19 +253,90 @@ impl ControlPlane {
             policy_addr,
             admin_addr,
             index,
+            args,
             stop: Some(stop),
             task: Some(task),
         };
+        cp.until_ready().await;
+        cp
+    }
+
+    /// Parses `args` as the binary does and serves on `listeners`.
+    async fn serve(
+        args: &[String],
+        listeners: Listeners,
+    ) -> (
+        ambit_control::index::SharedIndex,
+        oneshot::Sender<()>,
+        JoinHandle<()>,
+    ) {
+        let config = <Config as clap::Parser>::try_parse_from(args)
+            .unwrap_or_else(|e| panic!("ambit-control {args:?}: {e}"));
+        let control = Control::build(config).await.unwrap();
+        let index = control.index();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            control
+                .serve(listeners, async move {
+                    let _ = stopped.await;
+                })
+                .await
+                .unwrap();
+        });
+        (index, stop, task)
+    }
+
+    async fn until_ready(&self) {
         for _ in 0..1000 {
-            if http_get(cp.admin_addr, "/ready").await.0 == 200 {
-                return cp;
+            if http_get(self.admin_addr, "/ready").await.0 == 200 {
+                return;
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         panic!(
             "control plane did not become ready: {}",
-            http_get(cp.admin_addr, "/ready").await.1
+            http_get(self.admin_addr, "/ready").await.1
         );
+    }
+
+    /// Stops the control plane (every listener closed, every stream ended) and keeps its
+    /// directory — PKI, cluster YAML, the node tokens — for [`Self::resume`].
+    pub async fn pause(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(t) = self.task.take() {
+            t.await.unwrap();
+        }
+    }
+
+    /// Starts the paused control plane again on the same addresses, with the same PKI and
+    /// flags, reading the cluster YAML as it is now.
+    pub async fn resume(&mut self) {
+        assert!(self.task.is_none(), "not paused");
+        let bind = |addr: SocketAddr| async move {
+            for _ in 0..100 {
+                match tokio::net::TcpListener::bind(addr).await {
+                    Ok(l) => return l,
+                    Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
+                        tokio::time::sleep(Duration::from_millis(50)).await
+                    }
+                    Err(e) => panic!("binding {addr} again: {e}"),
+                }
+            }
+            panic!("{addr} still in use");
+        };
+        let listeners = Listeners {
+            identity: bind(self.identity_addr).await,
+            discovery: bind(self.discovery_addr).await,
+            policy: bind(self.policy_addr).await,
+            admin: bind(self.admin_addr).await,
+        };
+        let (index, stop, task) = Self::serve(&self.args, listeners).await;
+        self.index = index;
+        self.stop = Some(stop);
+        self.task = Some(task);
+        self.until_ready().await;
     }
 
     /// The identity service's URL.
