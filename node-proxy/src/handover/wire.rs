@@ -380,14 +380,12 @@ mod tests {
             .unwrap_or_else(|e| panic!("{e}"))
             .unwrap_or_else(|| panic!("nobody listening"));
         let server = listener.accept().await.unwrap_or_else(|e| panic!("{e}"));
-        let n = nix::sys::socket::send(
-            client.fd.as_raw_fd(),
-            b"{\"type\":\"take\",\"extra\":1}",
-            MsgFlags::MSG_NOSIGNAL,
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
-        assert!(n > 0);
-        let err = server.recv().await.unwrap_err();
-        assert!(err.to_string().contains("not understood"), "{err}");
+        for garbage in [&b"{\"type\":\"steal\"}"[..], b"\x00\xffGET / HTTP/1.1"] {
+            let n = nix::sys::socket::send(client.fd.as_raw_fd(), garbage, MsgFlags::MSG_NOSIGNAL)
+                .unwrap_or_else(|e| panic!("{e}"));
+            assert!(n > 0);
+            let err = server.recv().await.unwrap_err();
+            assert!(err.to_string().contains("not understood"), "{err}");
+        }
     }
 }
