@@ -10,8 +10,8 @@
 //! - [`discovery`], [`policy`]: each state as one protobuf snapshot, and back.
 //! - [`identities`]: one PEM file per identity (chain, then key), checked against the
 //!   current trust anchors when read.
-//! - [`writer`]: follows the states and writes what changed, at most once a second,
-//!   off the runtime's threads (never on the data path).
+//! - [`writer`]: follows the states and writes what changed, at most once a second (and
+//!   a tenth of the time), off the runtime's threads (never on the data path).
 //! - [`status`]: where the state in use came from (`/config_dump`) and the metrics.
 //!
 //! At start-up, [`load`] reads the files before the control plane is asked anything: a
