@@ -125,12 +125,9 @@ fn programs_load(bpffs: &Path) -> Check {
 }
 
 fn nftables() -> Check {
-    let description = "nftables is available for the fallback (`nft`)";
-    match std::process::Command::new("nft").arg("--version").output() {
-        Ok(out) if out.status.success() => Check::ok(format!(
-            "{description}: {}",
-            String::from_utf8_lossy(&out.stdout).trim()
-        )),
+    let description = "nftables is available for the fallback (`nft` with JSON support)";
+    match std::process::Command::new("nft").arg("-V").output() {
+        Ok(out) if out.status.success() => nft_version(description, &String::from_utf8_lossy(&out.stdout)),
         Ok(out) => Check::warn(
             description,
             String::from_utf8_lossy(&out.stderr).trim().to_string(),
@@ -141,6 +138,24 @@ fn nftables() -> Check {
             format!("cannot run nft: {e}"),
             "install nftables (Debian: `apt-get install nftables`); without eBPF, pods cannot be redirected",
         ),
+    }
+}
+
+/// Judges `nft -V`'s output: the proxy applies its rules as JSON (`nft -j`).
+fn nft_version(description: &str, out: &str) -> Check {
+    let version = out.lines().next().unwrap_or_default().trim();
+    let json = out.lines().any(|l| {
+        let mut words = l.split(':').map(str::trim);
+        words.next() == Some("json") && words.next() == Some("yes")
+    });
+    if json {
+        Check::ok(format!("{description}: {version}"))
+    } else {
+        Check::warn(
+            description,
+            format!("{version} is built without JSON support (`nft -V` does not say `json: yes`)"),
+            "install an nft built with JSON support (Debian's is); the proxy applies its rules with `nft -j`",
+        )
     }
 }
 
@@ -239,5 +254,15 @@ mod tests {
         // A tmpfs is neither cgroup2 nor bpffs.
         assert_ne!(cgroup_v2(dir.path()).result, Status::Success);
         assert_eq!(bpffs(dir.path()).result, Status::Error);
+    }
+
+    #[test]
+    fn nft_without_json_support_is_a_warning() {
+        let with = "nftables v1.0.6 (Lester Gooch #5)\n  cli:\t\teditline\n  json:\t\tyes\n";
+        assert_eq!(nft_version("nft", with).result, Status::Success);
+        let without = with.replace("yes", "no");
+        let c = nft_version("nft", &without);
+        assert_eq!(c.result, Status::Warning);
+        assert!(c.hint.unwrap_or_default().contains("nft -j"));
     }
 }
