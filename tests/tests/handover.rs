@@ -6,7 +6,8 @@
 //!   node-a to a server on node-b) and outbound (a client on node-b to a server on
 //!   node-a), over keep-alive connections and a new connection per request — and not one
 //!   request fails; a long opaque stream opened before the hand-over runs on to its end
-//!   through the old process, which drains and exits on SIGTERM;
+//!   through the old process, which drains and exits on SIGTERM; a third process then
+//!   takes over from the second the same way;
 //! - SIGTERM alone drains the same way: new connections are refused (fail closed), an
 //!   open opaque stream runs on to its end, and the process exits when it has.
 //!
@@ -349,9 +350,78 @@ async fn take_over(shared_admin: bool) {
     tokio::time::sleep(Duration::from_secs(1)).await;
     let before = m.server_seen.total() + m.remote_seen.total();
 
-    // The new process: same run directory.
+    // A new process takes over; the opaque stream opened before runs on through the old
+    // one, which, drained, exits on SIGTERM once the stream has ended.
+    let (new, admin) = hand_over(&m, m.admin, shared_admin).await;
+    taken_tx.send_replace(true);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    end_stream.send_replace(true);
+    let (sent, echoed, after) = opaque.await.unwrap();
+    assert!(after > 0, "the stream did not outlive the hand-over");
+    assert_eq!(echoed.len(), sent.len(), "opaque stream cut short");
+    assert!(echoed == sent, "opaque stream corrupted");
+    old.terminate();
+    assert!(until_exit(&mut old).await.success());
+
+    // And again, from the process that took over: hand-overs chain.
+    let (mut newer, newest_admin) = hand_over(&m, admin, shared_admin).await;
+    let mut new = new;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    new.terminate();
+    assert!(until_exit(&mut new).await.success());
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    stop_tx.send_replace(true);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    for (what, l) in &loads {
+        let failed = l.failed.lock().unwrap().clone();
+        let ok = l.ok.load(Ordering::Relaxed);
+        eprintln!(
+            "{what}: {ok} served, {} connections, {} failed",
+            l.connections.load(Ordering::Relaxed),
+            failed.len()
+        );
+        assert!(
+            failed.is_empty(),
+            "{what}: {} failed: {failed:?}",
+            failed.len()
+        );
+        assert!(ok > 100, "{what}: only {ok} served");
+    }
+    // The keep-alive client on node-b was moved to each new process (its connection
+    // answered `connection: close`), not cut; node-a's proxy moved its tunnel (GOAWAY).
+    assert!(
+        loads[2].1.connections.load(Ordering::Relaxed) >= 3,
+        "outbound keep-alive: not moved at each hand-over"
+    );
+    assert!(m.server_seen.total() + m.remote_seen.total() > before);
+    // Both directions were served by the last process.
+    let metrics = http_get(SocketAddr::from(([127, 0, 0, 1], newest_admin)), "/metrics").await;
+    for direction in ["inbound", "outbound"] {
+        let label = format!("direction=\"{direction}\"");
+        assert!(
+            metric_sum(&metrics.1, "request_total", &[&label]) > 0,
+            "no {direction} request served by the last process: {}",
+            metrics.1
+        );
+    }
+    until_served(&m.netns("client"), inbound).await;
+    until_served(&m.netns("local"), outbound).await;
+
+    newer.terminate();
+    assert!(until_exit(&mut newer).await.success());
+    m.a.stop().await;
+    m.cp.stop().await;
+    drop(m.handles);
+    drop(m.t);
+}
+
+/// Starts a process to take over from the one whose admin port is `old_admin`: on that
+/// port (`shared_admin`, handed over) or a port of its own. Returns once it is ready —
+/// serving every pod — with its admin port.
+async fn hand_over(m: &Mesh, old_admin: u16, shared_admin: bool) -> (Killed, u16) {
     let admin = if shared_admin {
-        m.admin
+        old_admin
     } else {
         binary::free_port()
     };
@@ -381,67 +451,13 @@ async fn take_over(shared_admin: bool) {
     until_ready(admin).await;
     if !shared_admin {
         // The old process keeps its own admin port: still live, draining.
-        let old_admin = SocketAddr::from(([127, 0, 0, 1], m.admin));
-        assert_eq!(http_get(old_admin, "/live").await.0, 200);
-        let (status, why) = http_get(old_admin, "/ready").await;
+        let old = SocketAddr::from(([127, 0, 0, 1], old_admin));
+        assert_eq!(http_get(old, "/live").await.0, 200);
+        let (status, why) = http_get(old, "/ready").await;
         assert_eq!(status, 503, "{why}");
         assert!(why.contains("handed over"), "{why}");
     }
-    taken_tx.send_replace(true);
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    stop_tx.send_replace(true);
-    // The opaque stream opened before the hand-over runs on through the old process.
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    end_stream.send_replace(true);
-    let (sent, echoed, after) = opaque.await.unwrap();
-    assert!(after > 0, "the stream did not outlive the hand-over");
-    assert_eq!(echoed.len(), sent.len(), "opaque stream cut short");
-    assert!(echoed == sent, "opaque stream corrupted");
-
-    for (what, l) in &loads {
-        let failed = l.failed.lock().unwrap().clone();
-        let ok = l.ok.load(Ordering::Relaxed);
-        eprintln!(
-            "{what}: {ok} served, {} connections, {} failed",
-            l.connections.load(Ordering::Relaxed),
-            failed.len()
-        );
-        assert!(
-            failed.is_empty(),
-            "{what}: {} failed: {failed:?}",
-            failed.len()
-        );
-        assert!(ok > 50, "{what}: only {ok} served");
-    }
-    // The keep-alive client on node-b was moved to the new process (its old connection
-    // answered `connection: close`), not cut; node-a's proxy moved its tunnel (GOAWAY).
-    assert!(
-        loads[2].1.connections.load(Ordering::Relaxed) >= 2,
-        "outbound keep-alive: never reconnected: still on the old process"
-    );
-    assert!(m.server_seen.total() + m.remote_seen.total() > before);
-    // Both directions were served by the new process.
-    let metrics = http_get(SocketAddr::from(([127, 0, 0, 1], admin)), "/metrics").await;
-    for direction in ["inbound", "outbound"] {
-        let label = format!("direction=\"{direction}\"");
-        assert!(
-            metric_sum(&metrics.1, "request_total", &[&label]) > 0,
-            "no {direction} request served by the new process: {}",
-            metrics.1
-        );
-    }
-
-    // The new process serves on its own: the old one, drained, exits on SIGTERM.
-    old.terminate();
-    assert!(until_exit(&mut old).await.success());
-    until_served(&m.netns("client"), inbound).await;
-    until_served(&m.netns("local"), outbound).await;
-
-    drop(new);
-    m.a.stop().await;
-    m.cp.stop().await;
-    drop(m.handles);
-    drop(m.t);
+    (new, admin)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
