@@ -33,6 +33,9 @@ pub enum AppError {
     /// Redirection could not be set up (`--redirect ebpf` on a kernel that refuses it).
     #[error("--redirect {0}")]
     Redirect(String),
+    /// Taking the listeners over from a running proxy failed (it serves on).
+    #[error("hand-over: {0}")]
+    Handover(String),
 }
 
 /// How a proxy's run ended.
@@ -263,7 +266,13 @@ pub async fn run_taking_over(
                 took_over = Some((predecessor, rx));
             }
             Err(error) => {
-                tracing::warn!(pid = predecessor.pid, %error, "the hand-over failed; opening listeners anew");
+                // The running proxy keeps serving (it opens its gates again); this one
+                // stops rather than open listeners beside it. Restarted, it tries again.
+                drain_tx.send_replace(true);
+                return Err(AppError::Handover(format!(
+                    "taking over from the proxy with pid {}: {error}",
+                    predecessor.pid
+                )));
             }
         }
     }

@@ -24,6 +24,18 @@ pub fn free_port() -> u16 {
 /// directory among them), with nftables redirection, no CNI socket, its admin server on
 /// `127.0.0.1:<admin>`, and `extra` arguments.
 pub fn spawn(cp: &ControlPlane, node: &str, admin: u16, extra: &[&str]) -> Child {
+    let anchors = NodeProxy::config(cp, node).trust_anchors;
+    spawn_trusting(cp, node, admin, &anchors, extra)
+}
+
+/// [`spawn`], with the trust anchors read from `anchors`.
+pub fn spawn_trusting(
+    cp: &ControlPlane,
+    node: &str,
+    admin: u16,
+    anchors: &Path,
+    extra: &[&str],
+) -> Child {
     let c = NodeProxy::config(cp, node);
     Command::new(path())
         .args(["--node-name", node])
@@ -33,7 +45,7 @@ pub fn spawn(cp: &ControlPlane, node: &str, admin: u16, extra: &[&str]) -> Child
         .arg("--token-file")
         .arg(&c.token_file)
         .arg("--trust-anchors")
-        .arg(&c.trust_anchors)
+        .arg(anchors)
         .args(["--trust-domain", &c.trust_domain])
         .args(["--admin-addr", &format!("127.0.0.1:{admin}")])
         .args(["--redirect", "nftables", "--cni-socket", ""])

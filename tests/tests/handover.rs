@@ -514,3 +514,87 @@ async fn sigterm_drains_open_streams_and_refuses_new_connections() {
     drop(m.handles);
     drop(m.t);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_successor_that_dies_before_taking_over_leaves_the_old_proxy_serving() {
+    let m = mesh().await;
+    let mut old = Killed(binary::spawn(&m.cp, "node-b", m.admin, &[]));
+    until_ready(m.admin).await;
+    let inbound = m.addr("server", 8080);
+    let outbound = m.addr("remote", 8080);
+    until_served(&m.netns("client"), inbound).await;
+    until_served(&m.netns("local"), outbound).await;
+    let (stop_tx, stop) = watch::channel(false);
+    let loads = [
+        load(m.netns("client"), inbound, true, stop.clone()),
+        load(m.netns("local"), outbound, false, stop.clone()),
+    ];
+
+    // A successor that trusts other anchors: neither the control plane nor the
+    // certificates the old proxy kept are good to it, so it can never serve. It takes the
+    // admin address (shared) and waits.
+    let dir = tempfile::tempdir().unwrap();
+    let other = dir.path().join("other-anchors.pem");
+    std::fs::write(&other, ambit_e2e::test_pki().0.cert_pem).unwrap();
+    let mut doomed = Killed(binary::spawn_trusting(
+        &m.cp,
+        "node-b",
+        m.admin,
+        &other,
+        &[],
+    ));
+    let admin = SocketAddr::from(([127, 0, 0, 1], m.admin));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (status, body) = http_get(admin, "/config_dump").await;
+        let dump: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+        if status == 200 && dump["pid"] == doomed.0.id() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the successor never took the admin port"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_ne!(
+        http_get(admin, "/ready").await.0,
+        200,
+        "a successor without certificates is ready"
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // It dies before taking over: the old proxy answers on its admin port again and has
+    // served throughout.
+    doomed.0.kill().unwrap();
+    doomed.0.wait().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, body) = http_get(admin, "/config_dump").await;
+        let dump: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+        if dump["pid"] == old.0.id() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the old proxy never took its admin port back"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    until_ready(m.admin).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop_tx.send_replace(true);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    for l in &loads {
+        let failed = l.failed.lock().unwrap().clone();
+        assert!(failed.is_empty(), "{} failed: {failed:?}", failed.len());
+        assert!(l.ok.load(Ordering::Relaxed) > 50);
+    }
+    assert!(old.exited().is_none());
+
+    old.terminate();
+    assert!(until_exit(&mut old).await.success());
+    m.a.stop().await;
+    m.cp.stop().await;
+    drop(m.handles);
+    drop(m.t);
+}
