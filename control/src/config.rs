@@ -17,6 +17,8 @@ pub mod env {
     pub const ISSUER_CERT: &str = "AMBIT_ISSUER_CERT";
     /// PEM issuer key.
     pub const ISSUER_KEY: &str = "AMBIT_ISSUER_KEY";
+    /// How often the trust anchors and issuer files are checked for a change.
+    pub const PKI_POLL_INTERVAL: &str = "AMBIT_PKI_POLL_INTERVAL";
     /// Workload certificate lifetime.
     pub const CERT_LIFETIME: &str = "AMBIT_CERT_LIFETIME";
     /// Backdating of notBefore.
@@ -95,6 +97,12 @@ pub struct Config {
     /// PEM file of the issuer private key.
     #[arg(long, env = env::ISSUER_KEY)]
     pub issuer_key: PathBuf,
+    /// How often the trust anchors, issuer certificate and key files are checked for a
+    /// change; a change is taken without a restart (a rotation: docs/OPERATIONS.md), or
+    /// refused with an error if the files do not make a CA.
+    #[arg(long, env = env::PKI_POLL_INTERVAL, default_value = "5s", value_parser = parse_duration)]
+    #[serde(serialize_with = "ser_duration")]
+    pub pki_poll_interval: Duration,
     /// Lifetime of workload certificates.
     #[arg(long, env = env::CERT_LIFETIME, default_value = "24h", value_parser = parse_duration)]
     #[serde(serialize_with = "ser_duration")]
@@ -230,6 +238,9 @@ impl Config {
         }
         if self.local_poll_interval.is_zero() {
             errors.push("--local-poll-interval: must be more than 0".into());
+        }
+        if self.pki_poll_interval.is_zero() {
+            errors.push("--pki-poll-interval: must be more than 0".into());
         }
         match self.backend {
             Backend::Local => {

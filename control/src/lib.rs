@@ -3,7 +3,8 @@
 //! # Layout
 //!
 //! - [`config`]: flags and environment variables, validated up front.
-//! - [`pki`]: trust bundle and issuer loading, CSR checking and signing; `ambit pki init`.
+//! - [`pki`]: trust bundle and issuer loading (and reloading when the files change), CSR
+//!   checking and signing; `ambit pki`'s certificates.
 //! - [`index`]: the in-memory model of the cluster (pods, namespaces, Services, ...),
 //!   fed by a backend.
 //! - [`backend`]: the seam: a backend feeds the index and authenticates node proxies.
@@ -42,7 +43,8 @@ use config::Config;
 use identity::{IdentityMetrics, IdentityService};
 use index::SharedIndex;
 use local::LocalError;
-use pki::{CaConfig, CaFiles, CertificateAuthority};
+use pki::reload::{CaMetrics, CaReloader};
+use pki::{CaConfig, CaFiles, SharedCa};
 use prometheus_client::registry::Registry;
 use ready::Readiness;
 use std::future::Future;
@@ -92,9 +94,11 @@ pub struct Control {
     registry: Registry,
     connections: limits::ConnectionMetrics,
     backend: Box<dyn Backend>,
+    /// The CA's files, watched while serving.
+    reloader: CaReloader,
     /// The CA, the control plane's identity, its serving certificate and its notAfter.
     tls: (
-        Arc<CertificateAuthority>,
+        SharedCa,
         ambit_api::WorkloadIdentity,
         tls::ServingCert,
         std::time::SystemTime,
@@ -127,8 +131,9 @@ impl Control {
     /// says what to fix.
     pub async fn build(config: Config) -> Result<Self, StartError> {
         config.validate().map_err(StartError::Config)?;
-        let ca = CertificateAuthority::load(
-            &CaFiles {
+        let mut registry = Registry::default();
+        let reloader = CaReloader::load(
+            CaFiles {
                 trust_anchors: config.trust_anchors.clone(),
                 issuer_cert: config.issuer_cert.clone(),
                 issuer_key: config.issuer_key.clone(),
@@ -138,8 +143,10 @@ impl Control {
                 leaf_lifetime: config.cert_lifetime,
                 clock_skew_allowance: config.clock_skew_allowance,
             },
+            config.pki_poll_interval,
+            CaMetrics::register(&mut registry),
         )?;
-        let mut registry = Registry::default();
+        let ca = reloader.ca();
         let identity_metrics = IdentityMetrics::register(&mut registry);
         let discovery_metrics = discovery::DiscoveryMetrics::register(&mut registry);
         let policy_metrics = policy::PolicyMetrics::register(&mut registry);
@@ -153,12 +160,12 @@ impl Control {
             &config.control_service_account,
         )
         .map_err(|e| StartError::Config(vec![format!("control plane identity: {e}")]))?;
-        let (serving, serving_not_after) = tls::ServingCert::new(&ca, &own_id).map_err(|e| {
-            StartError::Config(vec![format!(
-                "issuing the control plane's own certificate: {e}"
-            )])
-        })?;
-        let ca = Arc::new(ca);
+        let (serving, serving_not_after) =
+            tls::ServingCert::new(&ca.current(), &own_id).map_err(|e| {
+                StartError::Config(vec![format!(
+                    "issuing the control plane's own certificate: {e}"
+                )])
+            })?;
         let identity = IdentityService::new(
             ca.clone(),
             index.clone(),
@@ -187,6 +194,7 @@ impl Control {
             registry,
             connections,
             backend,
+            reloader,
             tls: (ca, own_id, serving, serving_not_after),
         })
     }
@@ -237,6 +245,7 @@ impl Control {
             message: e.to_string(),
         })?;
         let renewal = tokio::spawn(serving.renew(ca, own_id, not_after));
+        let reloader = tokio::spawn(self.reloader.run(drained()));
         let identity = limits::grpc_server()
             .add_service(self.identity.into_server())
             .serve_with_incoming_shutdown(
@@ -270,6 +279,7 @@ impl Control {
         let _ = publisher.await;
         let _ = policy_publisher.await;
         renewal.abort();
+        let _ = reloader.await;
         let serve_err = |what, message: String| StartError::Serve { what, message };
         for (what, task) in [
             ("identity", identity_task),

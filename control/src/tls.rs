@@ -5,7 +5,7 @@
 //! network in the clear.
 
 use crate::limits::{self, ConnectionLimit, ConnectionPermit};
-use crate::pki::{CertificateAuthority, CsrError};
+use crate::pki::{CertificateAuthority, CsrError, SharedCa};
 use ambit_api::WorkloadIdentity;
 use rcgen::{CertificateParams, KeyPair, PKCS_ECDSA_P256_SHA256};
 use rustls::server::{ClientHello, ResolvesServerCert};
@@ -93,23 +93,25 @@ impl ServingCert {
         ))
     }
 
-    /// Renews at 70 % of the remaining lifetime, forever (retrying a minute later on error).
-    pub async fn renew(
-        self,
-        ca: Arc<CertificateAuthority>,
-        id: WorkloadIdentity,
-        mut not_after: SystemTime,
-    ) {
+    /// Renews at 70 % of the remaining lifetime, and at once when the CA is replaced (a
+    /// new issuer: proxies that trust only the new trust anchor must be able to connect),
+    /// forever (retrying a minute later on error).
+    pub async fn renew(self, ca: SharedCa, id: WorkloadIdentity, mut not_after: SystemTime) {
+        let mut replaced = ca.subscribe();
         loop {
             let left = not_after
                 .duration_since(SystemTime::now())
                 .unwrap_or_default();
-            tokio::time::sleep(left.mul_f64(0.7).max(Duration::from_secs(1))).await;
-            match issue(&ca, &id) {
+            let due = tokio::time::sleep(left.mul_f64(0.7).max(Duration::from_secs(1)));
+            let why = tokio::select! {
+                _ = due => "renewed",
+                Ok(()) = replaced.changed() => "re-issued from the CA reloaded",
+            };
+            match issue(&ca.current(), &id) {
                 Ok((cert, next)) => {
                     *self.current.write().unwrap_or_else(PoisonError::into_inner) = cert;
                     not_after = next;
-                    tracing::info!(identity = %id, "control plane certificate renewed");
+                    tracing::info!(identity = %id, "control plane certificate {why}");
                 }
                 Err(error) => {
                     tracing::error!(identity = %id, %error, "cannot renew the control plane certificate");

@@ -201,6 +201,25 @@ pub async fn run_taking_over(
         .map_err(|e| AppError::Admin(format!("duplicating the admin listener: {e}")))?;
     // Why this process no longer serves (draining), for /ready.
     let stopping = Arc::new(watch::channel(None::<String>).0);
+    // The trust anchors file, watched: a new bundle applies from the next handshake on,
+    // and a certificate it no longer verifies is renewed at once (tls/reload.rs).
+    let trust = crate::tls::reload::BundleReloader::new(
+        &config.trust_anchors,
+        bundle.clone(),
+        anchors_pem,
+        config.trust_anchors_poll_interval,
+        crate::tls::reload::BundleMetrics::register(&mut registry),
+    );
+    let (ids, b) = (identities.clone(), bundle.clone());
+    let renew_unverified = move |_: &crate::tls::Anchors| drop(ids.renew_unverified(&b));
+    tokio::spawn(trust.clone().run(renew_unverified, drained()));
+    let ids = identities.clone();
+    let renew_all = move || {
+        ids.renew(|_| true)
+            .iter()
+            .map(ToString::to_string)
+            .collect()
+    };
     let admin = Admin {
         registry: Arc::new(registry),
         ready: ready_probe(
@@ -210,15 +229,16 @@ pub async fn run_taking_over(
             config.node_name.clone(),
             stopping.subscribe(),
         ),
-        dump: persister.config_dump(config_dump(
+        dump: trust.config_dump(persister.config_dump(config_dump(
             config.clone(),
             identities.clone(),
             state_rx.clone(),
             bundle.clone(),
             (redirector.mode(), pods.clone()),
-        )),
+        ))),
         log_level,
         shutdown: drain_tx.clone(),
+        renew: Arc::new(renew_all),
     };
     // The admin server outlives the drain: the probes and metrics of a draining proxy
     // still answer (`/ready` says it is draining).

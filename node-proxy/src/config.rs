@@ -17,6 +17,8 @@ pub mod env {
     pub const TOKEN_FILE: &str = "AMBIT_TOKEN_FILE";
     /// PEM bundle of trust anchors.
     pub const TRUST_ANCHORS: &str = "AMBIT_TRUST_ANCHORS";
+    /// How often the trust anchors file is read for a new bundle.
+    pub const TRUST_ANCHORS_POLL_INTERVAL: &str = "AMBIT_TRUST_ANCHORS_POLL_INTERVAL";
     /// Trust domain.
     pub const TRUST_DOMAIN: &str = "AMBIT_TRUST_DOMAIN";
     /// Admin listen address.
@@ -116,9 +118,15 @@ pub struct Config {
     /// File holding the node credential (its content is never logged or dumped).
     #[arg(long, env = env::TOKEN_FILE, default_value = "/var/run/secrets/ambit/token")]
     pub token_file: PathBuf,
-    /// PEM file of trust anchors (one or more roots).
+    /// PEM file of trust anchors (one or more roots). Read again when it changes (a
+    /// rotation: docs/OPERATIONS.md); a file that does not parse is refused and the bundle
+    /// in use stays.
     #[arg(long, env = env::TRUST_ANCHORS)]
     pub trust_anchors: PathBuf,
+    /// How often the trust anchors file is checked for a new content.
+    #[arg(long, env = env::TRUST_ANCHORS_POLL_INTERVAL, default_value = "5s", value_parser = ambit_api::duration::parse_duration)]
+    #[serde(serialize_with = "ser_duration")]
+    pub trust_anchors_poll_interval: std::time::Duration,
     /// Trust domain of the mesh.
     #[arg(long, env = env::TRUST_DOMAIN, default_value = DEFAULT_TRUST_DOMAIN)]
     pub trust_domain: String,
@@ -250,6 +258,9 @@ impl Config {
                 "--trust-anchors: {} is not a readable file",
                 self.trust_anchors.display()
             ));
+        }
+        if self.trust_anchors_poll_interval.is_zero() {
+            errors.push("--trust-anchors-poll-interval: must be more than 0".into());
         }
         if errors.is_empty() {
             Ok(())

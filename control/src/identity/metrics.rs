@@ -3,7 +3,6 @@
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -11,12 +10,11 @@ struct ReasonLabels {
     reason: String,
 }
 
-/// Certificates issued and refused, and the issuer's expiry.
+/// Certificates issued and refused (the issuer's expiry is `pki::reload`'s).
 #[derive(Clone, Debug, Default)]
 pub struct IdentityMetrics {
     issued: Counter,
     refused: Family<ReasonLabels, Counter>,
-    issuer_expiry: Gauge,
 }
 
 impl IdentityMetrics {
@@ -32,11 +30,6 @@ impl IdentityMetrics {
             "identity_requests_refused",
             "Certificate requests refused, by reason (the gRPC status: unauthenticated, permission_denied, invalid_argument, internal)",
             m.refused.clone(),
-        );
-        registry.register(
-            "identity_issuer_expiration_timestamp_seconds",
-            "notAfter of the issuer certificate, seconds since the Unix epoch",
-            m.issuer_expiry.clone(),
         );
         m
     }
@@ -57,9 +50,5 @@ impl IdentityMetrics {
                 reason: reason.into(),
             })
             .inc();
-    }
-
-    pub(super) fn set_issuer_expiry(&self, unix: i64) {
-        self.issuer_expiry.set(unix);
     }
 }

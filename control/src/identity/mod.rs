@@ -11,17 +11,17 @@ pub use metrics::IdentityMetrics;
 
 use crate::auth::NodeAuth;
 use crate::index::SharedIndex;
-use crate::pki::{unix_seconds, CertificateAuthority, CsrError};
+use crate::pki::{unix_seconds, CsrError, SharedCa};
 use ambit_api::proto::identity::identity_server::{Identity, IdentityServer};
 use ambit_api::proto::identity::{CertifyRequest, CertifyResponse};
 use ambit_api::WorkloadIdentity;
-use std::sync::Arc;
 use tonic::{Request, Response, Status};
 
 /// The gRPC identity service.
 #[derive(Clone)]
 pub struct IdentityService {
-    ca: Arc<CertificateAuthority>,
+    /// The CA in use: each request signs with the one current when it runs.
+    ca: SharedCa,
     index: SharedIndex,
     auth: NodeAuth,
     metrics: IdentityMetrics,
@@ -42,13 +42,12 @@ impl IdentityService {
     /// A service that signs with `ca`, authorizes against `index` and authenticates with
     /// `auth`.
     pub fn new(
-        ca: Arc<CertificateAuthority>,
+        ca: SharedCa,
         index: SharedIndex,
         auth: NodeAuth,
         metrics: IdentityMetrics,
         reserved: WorkloadIdentity,
     ) -> Self {
-        metrics.set_issuer_expiry(unix_seconds(ca.issuer_not_after()));
         Self {
             ca,
             index,
@@ -66,9 +65,9 @@ impl IdentityService {
     async fn certify_inner(&self, req: Request<CertifyRequest>) -> Result<CertifyResponse, Status> {
         let node = self.auth.authenticate(&req).await?;
         let req = req.into_inner();
-        let id =
-            WorkloadIdentity::new(self.ca.trust_domain(), &req.namespace, &req.service_account)
-                .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let ca = self.ca.current();
+        let id = WorkloadIdentity::new(ca.trust_domain(), &req.namespace, &req.service_account)
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
         if id == self.reserved {
             return Err(Status::permission_denied(format!(
                 "{id} is the control plane's own identity, which is never issued to a node (proxies trust the control plane by it)"
@@ -86,7 +85,7 @@ impl IdentityService {
                 id.service_account()
             )));
         }
-        let issued = self.ca.certify(&id, &req.csr_der).map_err(|e| match e {
+        let issued = ca.certify(&id, &req.csr_der).map_err(|e| match e {
             CsrError::Internal(_) => Status::internal(e.to_string()),
             _ => Status::invalid_argument(e.to_string()),
         })?;

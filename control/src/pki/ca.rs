@@ -123,6 +123,8 @@ pub struct CertificateAuthority {
     chain_der: Vec<Vec<u8>>,
     issuer_not_after: SystemTime,
     roots: Vec<CertificateDer<'static>>,
+    /// The root of `roots` that signed the issuer.
+    issuer_root: usize,
 }
 
 impl std::fmt::Debug for CertificateAuthority {
@@ -173,6 +175,7 @@ impl CertificateAuthority {
     ) -> Result<Self, LoadError> {
         let roots = parse_certificates(&files.trust_anchors, bundle_pem, "trust bundle")
             .map_err(LoadError::Invalid)?;
+        check_trust_domain(files, &roots, &config.trust_domain)?;
         let chain = parse_certificates(&files.issuer_cert, issuer_pem, "issuer certificate")
             .map_err(LoadError::Invalid)?;
         let key_der = parse_private_key(&files.issuer_key, key_pem).map_err(LoadError::Invalid)?;
@@ -186,7 +189,7 @@ impl CertificateAuthority {
         let issuer_der = &chain[0];
         let issuer_cert = parse_cert(&files.issuer_cert, issuer_der)?;
         let issuer_not_after = check_issuer(files, &issuer_cert, &key)?;
-        check_chains_to_bundle(files, &issuer_cert, &roots)?;
+        let issuer_root = check_chains_to_bundle(files, &issuer_cert, &roots)?;
 
         let issuer = Issuer::from_ca_cert_der(issuer_der, key).map_err(|e| {
             LoadError::Invalid(format!(
@@ -200,7 +203,21 @@ impl CertificateAuthority {
             chain_der: chain.iter().map(|c| c.to_vec()).collect(),
             issuer_not_after,
             roots,
+            issuer_root,
         })
+    }
+
+    /// The issuer certificate, DER.
+    pub fn issuer_der(&self) -> &[u8] {
+        self.chain_der
+            .first()
+            .map(Vec::as_slice)
+            .unwrap_or_default()
+    }
+
+    /// The trust anchor that signed the issuer.
+    pub fn issuer_root(&self) -> Option<&CertificateDer<'static>> {
+        self.roots.get(self.issuer_root)
     }
 
     /// notAfter of the issuer certificate.
@@ -349,11 +366,34 @@ fn check_issuer(
     Ok(SystemTime::from(validity.not_after.to_datetime()))
 }
 
+/// Refuses a root that names another trust domain (a `spiffe://<trust domain>` URI SAN,
+/// which `ambit pki` writes into the roots it makes): a bundle of another mesh.
+fn check_trust_domain(
+    files: &CaFiles,
+    roots: &[CertificateDer<'static>],
+    trust_domain: &str,
+) -> Result<(), LoadError> {
+    for (i, der) in roots.iter().enumerate() {
+        let Some(named) = super::spiffe_trust_domain(der) else {
+            continue;
+        };
+        if named != trust_domain {
+            return Err(LoadError::Invalid(format!(
+                "trust bundle {}: certificate #{} is a root of trust domain {named}, not {trust_domain}; is this the bundle of another mesh?",
+                files.trust_anchors.display(),
+                i + 1
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The position in `roots` of the root that signed `issuer`.
 fn check_chains_to_bundle(
     files: &CaFiles,
     issuer: &X509Certificate<'_>,
     roots: &[CertificateDer<'static>],
-) -> Result<(), LoadError> {
+) -> Result<usize, LoadError> {
     for (i, root_der) in roots.iter().enumerate() {
         let root = X509Certificate::from_der(root_der)
             .map(|(_, c)| c)
@@ -367,7 +407,7 @@ fn check_chains_to_bundle(
         if root.subject() == issuer.issuer()
             && issuer.verify_signature(Some(root.public_key())).is_ok()
         {
-            return Ok(());
+            return Ok(i);
         }
     }
     Err(LoadError::NotChained {

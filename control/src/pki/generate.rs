@@ -1,8 +1,8 @@
-//! Creation of the mesh's trust anchor and issuer (`ambit pki init`).
+//! Creation of the mesh's trust anchors and issuers (`ambit pki`).
 
 use rcgen::{
     BasicConstraints, CertificateParams, DistinguishedName, DnType, IsCa, Issuer, KeyPair,
-    KeyUsagePurpose, SerialNumber, PKCS_ECDSA_P256_SHA256,
+    KeyUsagePurpose, SanType, SerialNumber, PKCS_ECDSA_P256_SHA256,
 };
 use std::time::Duration;
 use time::OffsetDateTime;
@@ -50,14 +50,17 @@ impl Validity {
     }
 }
 
-/// Creates a self-signed trust anchor (ECDSA P-256): CA, keyCertSign + cRLSign.
+/// Creates a self-signed trust anchor (ECDSA P-256): CA, keyCertSign + cRLSign, with the
+/// trust domain's SPIFFE ID (`spiffe://<trust domain>`) as its URI SAN, by which a proxy
+/// refuses a bundle of another mesh.
 pub fn trust_anchor(trust_domain: &str, validity: Validity) -> Result<CaMaterial, PkiError> {
     let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256)?;
     let params = ca_params(
         &format!("root.ambit.{trust_domain}"),
+        trust_domain,
         BasicConstraints::Unconstrained,
         validity,
-    );
+    )?;
     let cert = params.self_signed(&key)?;
     Ok(CaMaterial {
         cert_pem: cert.pem(),
@@ -76,9 +79,10 @@ pub fn issuer(
     let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256)?;
     let mut params = ca_params(
         &format!("identity.ambit.{trust_domain}"),
+        trust_domain,
         BasicConstraints::Constrained(0),
         validity,
-    );
+    )?;
     params.use_authority_key_identifier_extension = true;
     let cert = params.signed_by(&key, &root_issuer)?;
     Ok(CaMaterial {
@@ -87,18 +91,24 @@ pub fn issuer(
     })
 }
 
-fn ca_params(common_name: &str, bc: BasicConstraints, validity: Validity) -> CertificateParams {
+fn ca_params(
+    common_name: &str,
+    trust_domain: &str,
+    bc: BasicConstraints,
+    validity: Validity,
+) -> Result<CertificateParams, PkiError> {
     let mut params = CertificateParams::default();
     let mut dn = DistinguishedName::new();
     dn.push(DnType::CommonName, common_name);
     params.distinguished_name = dn;
+    params.subject_alt_names = vec![SanType::URI(format!("spiffe://{trust_domain}").try_into()?)];
     // rcgen writes basicConstraints as a critical extension.
     params.is_ca = IsCa::Ca(bc);
     params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
     params.not_before = validity.not_before;
     params.not_after = validity.not_after;
     params.serial_number = Some(random_serial());
-    params
+    Ok(params)
 }
 
 /// A random positive 128-bit serial number.

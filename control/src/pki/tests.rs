@@ -75,7 +75,23 @@ fn trust_anchor_and_issuer_are_critical_ca_certificates() {
         let ku = c.key_usage().unwrap().unwrap();
         assert!(ku.critical && ku.value.key_cert_sign() && ku.value.crl_sign());
         assert!(!ku.value.digital_signature());
+        assert_eq!(spiffe_trust_domain(&der).as_deref(), Some(TD));
     }
+}
+
+#[test]
+fn a_bundle_of_another_trust_domain_is_refused_naming_it() {
+    let (_, iss) = pki();
+    let other = trust_anchor(
+        "other.example",
+        Validity::starting_now(generate::DEFAULT_ROOT_LIFETIME),
+    )
+    .unwrap();
+    let err = ca_from(&other.cert_pem, &iss).unwrap_err().to_string();
+    assert!(
+        err.contains("certificate #1 is a root of trust domain other.example, not cluster.local"),
+        "{err}"
+    );
 }
 
 #[test]

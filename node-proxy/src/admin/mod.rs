@@ -1,6 +1,6 @@
 //! The admin server (:4191). `/metrics`, `/ready` and `/live` answer anyone (kubelet and
 //! Prometheus scrape them over the node's network); the admin views — `/config_dump`,
-//! `/log-level`, `/shutdown` — answer loopback clients only.
+//! `/log-level`, `/shutdown`, `/renew-certificates` — answer loopback clients only.
 
 use crate::logging::LogLevel;
 use axum::body::Bytes;
@@ -17,6 +17,8 @@ use std::sync::Arc;
 pub type ReadyProbe = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
 /// The effective configuration and state, as JSON (never a private key or token).
 pub type ConfigDump = Arc<dyn Fn() -> serde_json::Value + Send + Sync>;
+/// Renews every workload certificate now; returns the identities renewed.
+pub type RenewCertificates = Arc<dyn Fn() -> Vec<String> + Send + Sync>;
 
 /// What the admin handlers reach.
 #[derive(Clone)]
@@ -31,6 +33,8 @@ pub struct Admin {
     pub log_level: Arc<dyn LogLevel>,
     /// Flipped by `POST /shutdown`.
     pub shutdown: tokio::sync::watch::Sender<bool>,
+    /// `POST /renew-certificates` (after the control plane's issuer changed).
+    pub renew: RenewCertificates,
 }
 
 impl std::fmt::Debug for Admin {
@@ -128,6 +132,10 @@ pub fn router(admin: Admin) -> Router {
         .route("/config_dump", get(config_dump))
         .route("/log-level", get(get_log_level).put(put_log_level))
         .route("/shutdown", axum::routing::post(shutdown))
+        .route(
+            "/renew-certificates",
+            axum::routing::post(renew_certificates),
+        )
         .with_state(admin)
 }
 
@@ -220,6 +228,32 @@ async fn shutdown(ConnectInfo(peer): ConnectInfo<SocketAddr>, State(a): State<Ad
     tracing::info!("shutdown requested on the admin server; draining");
     a.shutdown.send_replace(true);
     (StatusCode::ACCEPTED, "shutting down\n").into_response()
+}
+
+/// Every workload certificate renewed now, off schedule, with its key: after the control
+/// plane's issuer changed, so that the node holds certificates of the new issuer before
+/// the old trust anchor is removed (docs/OPERATIONS.md). Each keeps being served until its
+/// replacement arrives. Answers at once with the identities asked for; `/config_dump`
+/// shows the new chains as they arrive.
+async fn renew_certificates(
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    State(a): State<Admin>,
+) -> Response {
+    if let Some(r) = loopback_only(peer) {
+        return r;
+    }
+    let renewing = (a.renew)();
+    tracing::info!(
+        identities = renewing.len(),
+        "certificate renewal requested on the admin server"
+    );
+    let body = serde_json::json!({ "renewing": renewing }).to_string();
+    (
+        StatusCode::ACCEPTED,
+        [(header::CONTENT_TYPE, "application/json")],
+        body + "\n",
+    )
+        .into_response()
 }
 
 #[cfg(test)]

@@ -27,6 +27,7 @@ fn admin(ready: Result<(), String>) -> (Router, tokio::sync::watch::Receiver<boo
         dump: Arc::new(|| serde_json::json!({"identities": []})),
         log_level: Arc::new(Recorded(Mutex::new("info".into()))),
         shutdown: tx,
+        renew: Arc::new(|| vec!["spiffe://cluster.local/ns/shop/sa/web".into()]),
     };
     (router(a), rx)
 }
@@ -62,6 +63,7 @@ async fn admin_views_answer_loopback_only() {
         (Method::GET, "/log-level"),
         (Method::PUT, "/log-level"),
         (Method::POST, "/shutdown"),
+        (Method::POST, "/renew-certificates"),
     ] {
         let (status, body) = call(&r, method.clone(), path, REMOTE, "debug").await;
         assert_eq!(status, StatusCode::FORBIDDEN, "{method} {path}");
@@ -124,4 +126,22 @@ async fn not_ready_says_why_and_shutdown_flips_the_drain() {
         StatusCode::ACCEPTED
     );
     assert!(*rx.borrow());
+}
+
+#[tokio::test]
+async fn renew_certificates_answers_with_the_identities_renewed() {
+    let (r, _) = admin(Ok(()));
+    let (status, body) = call(&r, Method::POST, "/renew-certificates", LOOPBACK, "").await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    let body: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        body,
+        serde_json::json!({"renewing": ["spiffe://cluster.local/ns/shop/sa/web"]})
+    );
+    assert_eq!(
+        call(&r, Method::GET, "/renew-certificates", LOOPBACK, "")
+            .await
+            .0,
+        StatusCode::METHOD_NOT_ALLOWED
+    );
 }

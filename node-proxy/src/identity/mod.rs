@@ -9,6 +9,10 @@
 //! serving the current certificate until it expires. When the last pod of an identity
 //! leaves, its key and certificate are dropped.
 //!
+//! [`IdentityManager::renew`] renews certificates now, off schedule: every one after the
+//! control plane's issuer changed (`POST /renew-certificates`), or those a new trust
+//! bundle no longer verifies ([`IdentityManager::renew_unverified`]).
+//!
 //! A restarted proxy may hand the manager the keys and certificates it kept on disk
 //! ([`IdentityManager::restore`], see `crate::persist`): an identity's first pod then
 //! starts with that certificate, renewed on the same schedule, instead of with none.
@@ -27,7 +31,7 @@ use rcgen::{CertificateParams, DistinguishedName, KeyPair, PKCS_ECDSA_P256_SHA25
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
-use tokio::sync::watch;
+use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
 
 /// When and how the manager renews and retries.
@@ -89,6 +93,8 @@ struct Entry {
     pods: BTreeSet<String>,
     slot: CertSlot,
     task: JoinHandle<()>,
+    /// Wakes the task to renew now ([`IdentityManager::renew`]).
+    renew: Arc<Notify>,
 }
 
 struct Inner {
@@ -175,6 +181,7 @@ impl IdentityManager {
                 tracing::info!(%identity, "new identity on this node; fetching its certificate")
             }
         }
+        let renew = Arc::new(Notify::new());
         let task = tokio::spawn(run(
             identity.clone(),
             restored.map(|r| r.key),
@@ -183,6 +190,7 @@ impl IdentityManager {
                 config: self.inner.config.clone(),
                 metrics: self.inner.metrics.clone(),
                 changes: self.inner.changes.clone(),
+                renew: renew.clone(),
             },
             slot.clone(),
         ));
@@ -192,6 +200,7 @@ impl IdentityManager {
                 pods: BTreeSet::from([pod.to_string()]),
                 slot,
                 task,
+                renew,
             },
         );
     }
@@ -280,6 +289,37 @@ impl IdentityManager {
         certs.into_values().filter(|c| !c.is_expired()).collect()
     }
 
+    /// Renews now, with its key and whatever its schedule, the certificate of every
+    /// identity for which `which` holds (given the current certificate, if there is one);
+    /// returns those identities. The current certificate is served until the new one
+    /// arrives; a failure is retried as a renewal's is.
+    pub fn renew(
+        &self,
+        which: impl Fn(Option<&WorkloadCertificate>) -> bool,
+    ) -> Vec<WorkloadIdentity> {
+        let entries = lock(&self.inner.entries);
+        entries
+            .iter()
+            .filter(|(_, e)| which(e.slot.borrow().as_deref()))
+            .map(|(id, e)| {
+                e.renew.notify_one();
+                id.clone()
+            })
+            .collect()
+    }
+
+    /// Renews now every certificate `bundle` does not verify (the trust anchors changed
+    /// under it): with the control plane issuing under the new anchors, the node's
+    /// identities are trusted again within a round trip, not at their next renewal.
+    pub fn renew_unverified(&self, bundle: &crate::tls::TrustBundle) -> Vec<WorkloadIdentity> {
+        let now = rustls_pki_types::UnixTime::now();
+        self.renew(|cert| {
+            cert.is_none_or(|c| {
+                crate::tls::verify_own_svid(bundle, &c.certified_key().cert, now).is_err()
+            })
+        })
+    }
+
     /// Changes whenever a certificate is obtained, withdrawn or dropped.
     pub fn changes(&self) -> watch::Receiver<u64> {
         self.inner.changes.subscribe()
@@ -326,6 +366,15 @@ struct Shared {
     config: IdentityConfig,
     metrics: IdentityMetrics,
     changes: watch::Sender<u64>,
+    renew: Arc<Notify>,
+}
+
+/// Sleeps until `at`, or until asked to renew now.
+async fn until(at: tokio::time::Instant, renew: &Notify) {
+    tokio::select! {
+        _ = tokio::time::sleep_until(at) => {}
+        _ = renew.notified() => {}
+    }
 }
 
 /// Generates the identity's key (or goes on with a restored one, whose certificate is in
@@ -341,6 +390,7 @@ async fn run(
         config,
         metrics,
         changes,
+        renew,
     } = shared;
     let labels = IdentityLabels::new(&identity);
     let publish = |cert: Option<Arc<WorkloadCertificate>>| {
@@ -369,7 +419,7 @@ async fn run(
     let restored_cert = slot.borrow().clone();
     if let Some(cert) = restored_cert {
         let jitter = jitter(&cert, config.renew_jitter_fraction);
-        tokio::time::sleep_until(cert.refresh_at(config.renew_fraction, jitter)).await;
+        until(cert.refresh_at(config.renew_fraction, jitter), &renew).await;
     }
     let mut backoff = config.backoff_initial;
     loop {
@@ -386,7 +436,7 @@ async fn run(
                 tracing::info!(%identity, not_after = unix_seconds(not_after), "workload certificate obtained");
                 publish(Some(Arc::new(cert)));
                 backoff = config.backoff_initial;
-                tokio::time::sleep_until(refresh_at).await;
+                until(refresh_at, &renew).await;
             }
             Err(error) => {
                 metrics.failures.get_or_create(&labels).inc();
@@ -414,16 +464,11 @@ async fn run(
                         .saturating_duration_since(tokio::time::Instant::now());
                     delay = delay.min((left / 4).max(config.backoff_initial));
                 }
-                let sleep = tokio::time::sleep(delay);
+                let retry_at = tokio::time::Instant::now() + delay;
                 // Wake at expiry too, to withdraw an expired certificate promptly.
                 match current {
-                    Some(c) => {
-                        tokio::select! {
-                            _ = sleep => {}
-                            _ = tokio::time::sleep_until(c.expires_at()) => {}
-                        }
-                    }
-                    None => sleep.await,
+                    Some(c) => until(retry_at.min(c.expires_at()), &renew).await,
+                    None => until(retry_at, &renew).await,
                 }
                 backoff = (backoff * 2).min(config.backoff_max);
             }

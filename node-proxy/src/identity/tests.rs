@@ -290,3 +290,92 @@ async fn kept_expired(m: &IdentityManager, id: &WorkloadIdentity) -> Restored {
     tokio::time::sleep_until(r.cert.expires_at() + secs(1.0)).await;
     r
 }
+
+/// A CA whose issuer can be switched, as the control plane's is by a rotation.
+struct Switchable(std::sync::Mutex<Arc<TestCa>>);
+
+impl CaClient for Switchable {
+    fn certify(
+        &self,
+        id: &WorkloadIdentity,
+        csr_der: Vec<u8>,
+    ) -> std::pin::Pin<
+        Box<
+            dyn std::future::Future<
+                    Output = Result<ambit_api::proto::identity::CertifyResponse, CaError>,
+                > + Send
+                + 'static,
+        >,
+    > {
+        let ca = self.0.lock().unwrap().clone();
+        ca.certify(id, csr_der)
+    }
+}
+
+/// Waits until `id`'s certificate verifies under `bundle`.
+async fn until_verified_by(
+    m: &IdentityManager,
+    id: &WorkloadIdentity,
+    bundle: &crate::tls::TrustBundle,
+) {
+    let mut changes = m.changes();
+    loop {
+        if let Some(c) = m.current(id) {
+            let now = rustls_pki_types::UnixTime::now();
+            if crate::tls::verify_own_svid(bundle, &c.certified_key().cert, now).is_ok() {
+                return;
+            }
+        }
+        changes.changed().await.unwrap();
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn renew_gets_certificates_of_the_new_issuer_at_once_and_unverified_ones_only_when_asked() {
+    let (old, new) = (TestCa::new("cluster.local"), TestCa::new("cluster.local"));
+    let ca = Arc::new(Switchable(std::sync::Mutex::new(old.clone())));
+    let mut registry = Registry::default();
+    let m = IdentityManager::new(
+        ca.clone(),
+        no_jitter(),
+        IdentityMetrics::register(&mut registry),
+    );
+    let (web, db) = (old.identity("shop", "web"), old.identity("shop", "db"));
+    m.pod_added("shop/web-0", &web);
+    m.pod_added("shop/db-0", &db);
+    m.ready(&web).await.unwrap();
+    m.ready(&db).await.unwrap();
+
+    // The issuer switched: nothing renews by itself before its schedule.
+    *ca.0.lock().unwrap() = new.clone();
+    sleep(Duration::from_secs(10)).await;
+    assert_eq!(new.issued.load(Ordering::SeqCst), 0);
+    assert!(
+        m.renew_unverified(&old.bundle()).is_empty(),
+        "every certificate still verifies under the old root"
+    );
+
+    // Renewing every identity (`POST /renew-certificates`).
+    let renewed = m.renew(|_| true);
+    assert_eq!(renewed, vec![db.clone(), web.clone()]);
+    until_verified_by(&m, &web, &new.bundle()).await;
+    until_verified_by(&m, &db, &new.bundle()).await;
+    assert_eq!(new.issued.load(Ordering::SeqCst), 2);
+    let text = metrics_text(&registry);
+    assert!(
+        text.contains(
+            "identity_cert_refresh_total{identity=\"spiffe://cluster.local/ns/shop/sa/web\"} 2"
+        ),
+        "{text}"
+    );
+
+    // A bundle without the new root: whatever it does not verify is renewed.
+    *ca.0.lock().unwrap() = old.clone();
+    assert_eq!(
+        m.renew_unverified(&old.bundle()),
+        vec![db.clone(), web.clone()]
+    );
+    until_verified_by(&m, &web, &old.bundle()).await;
+    until_verified_by(&m, &db, &old.bundle()).await;
+    assert!(m.renew_unverified(&old.bundle()).is_empty());
+}

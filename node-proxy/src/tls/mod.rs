@@ -1,18 +1,20 @@
-//! TLS for the mesh tunnel: the trust bundle, SPIFFE-aware verifiers, and rustls configs.
+//! TLS for the mesh tunnel: the trust bundle (`bundle`, swapped at run time by
+//! [`reload`]), SPIFFE-aware verifiers, and rustls configs.
 //!
 //! One crypto provider for the whole workspace: aws-lc-rs. The mesh speaks TLS 1.3 only,
 //! with mutual authentication and ALPN `h2`.
 
+mod bundle;
+pub mod reload;
 mod verifier;
 
+pub use bundle::{sha256_hex, AnchorInfo, Anchors, BundleError, TrustBundle};
 pub use verifier::{
     svid_identity, verify_own_svid, SpiffeClientVerifier, SpiffeServerVerifier, SvidError,
 };
 
 use ambit_api::WorkloadIdentity;
 use rustls::sign::CertifiedKey;
-use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, TrustAnchor};
 use std::sync::Arc;
 
 /// ALPN protocol of the mesh tunnel.
@@ -29,79 +31,6 @@ pub fn provider() -> Arc<rustls::crypto::CryptoProvider> {
         cipher_suite::TLS13_CHACHA20_POLY1305_SHA256,
     ];
     Arc::new(p)
-}
-
-/// Why a trust bundle cannot be used.
-#[derive(Debug, thiserror::Error)]
-pub enum BundleError {
-    /// Not PEM certificates.
-    #[error("trust bundle is not PEM certificates: {0}")]
-    Pem(String),
-    /// No certificate at all.
-    #[error("trust bundle holds no certificate")]
-    Empty,
-    /// A certificate cannot be a trust anchor.
-    #[error("trust bundle certificate #{index} cannot be a trust anchor: {error}")]
-    Anchor {
-        /// Position in the bundle, from 1.
-        index: usize,
-        /// webpki's reason.
-        error: String,
-    },
-}
-
-/// The roots a peer's chain must end at, with the trust domain identities must be in.
-/// Several roots may be present at once, which is how roots are rotated.
-#[derive(Clone, Debug)]
-pub struct TrustBundle {
-    anchors: Arc<Vec<TrustAnchor<'static>>>,
-    trust_domain: String,
-}
-
-impl TrustBundle {
-    /// Parses a PEM bundle of one or more root certificates.
-    pub fn from_pem(pem: &[u8], trust_domain: impl Into<String>) -> Result<Self, BundleError> {
-        let certs = CertificateDer::pem_slice_iter(pem)
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| BundleError::Pem(e.to_string()))?;
-        Self::from_der(&certs, trust_domain)
-    }
-
-    /// Builds a bundle from DER root certificates.
-    pub fn from_der(
-        certs: &[CertificateDer<'_>],
-        trust_domain: impl Into<String>,
-    ) -> Result<Self, BundleError> {
-        if certs.is_empty() {
-            return Err(BundleError::Empty);
-        }
-        let anchors = certs
-            .iter()
-            .enumerate()
-            .map(|(i, c)| {
-                webpki::anchor_from_trusted_cert(c)
-                    .map(|a| a.to_owned())
-                    .map_err(|e| BundleError::Anchor {
-                        index: i + 1,
-                        error: e.to_string(),
-                    })
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok(Self {
-            anchors: Arc::new(anchors),
-            trust_domain: trust_domain.into(),
-        })
-    }
-
-    /// The trust anchors.
-    pub fn anchors(&self) -> &[TrustAnchor<'static>] {
-        &self.anchors
-    }
-
-    /// The trust domain peers must belong to.
-    pub fn trust_domain(&self) -> &str {
-        &self.trust_domain
-    }
 }
 
 /// A client config that presents `own` and requires the server to prove one of `expected`.

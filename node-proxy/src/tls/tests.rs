@@ -234,3 +234,71 @@ fn empty_or_garbage_bundles_are_errors() {
     let garbage = b"-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n";
     assert!(TrustBundle::from_pem(garbage, "cluster.local").is_err());
 }
+
+#[tokio::test]
+async fn a_replaced_bundle_applies_to_the_next_handshake_of_configs_made_before() {
+    let old = TestCa::new("cluster.local");
+    let new = TestCa::new("cluster.local");
+    let (web, db) = (old.identity("shop", "web"), old.identity("shop", "db"));
+    let bundle = old.bundle();
+    // A server config made once (as each pod's 4143 listener's is), a client on the new
+    // root.
+    let server = TlsAcceptor::from(Arc::new(
+        server_config(&bundle, old.certified_key(&db)).unwrap(),
+    ));
+    let client = |b: &TrustBundle| {
+        TlsConnector::from(Arc::new(
+            client_config(b, new.certified_key(&web), vec![db.clone()]).unwrap(),
+        ))
+    };
+    let both = TrustBundle::from_pem(
+        format!("{}{}", old.root_pem, new.root_pem).as_bytes(),
+        "cluster.local",
+    )
+    .unwrap();
+    let attempt = |server: TlsAcceptor, client: TlsConnector| async move {
+        let (a, b) = tokio::io::duplex(64 * 1024);
+        let accepted = tokio::spawn(async move { server.accept(b).await.map(drop) });
+        let name = ServerName::try_from("10.0.0.1").unwrap();
+        // The client's end stays open until the server is done with its side.
+        let connected = client.connect(name, a).await;
+        let accepted = accepted.await.unwrap();
+        (accepted.is_ok(), connected.is_ok())
+    };
+    let (accepted, _) = attempt(server.clone(), client(&both)).await;
+    assert!(
+        !accepted,
+        "a client of the new root is refused before the bundle has it"
+    );
+    bundle
+        .replace(format!("{}{}", old.root_pem, new.root_pem).as_bytes())
+        .unwrap();
+    assert_eq!(
+        attempt(server.clone(), client(&both)).await,
+        (true, true),
+        "taken by the same server config once the bundle has both roots"
+    );
+    bundle.replace(new.root_pem.as_bytes()).unwrap();
+    let (accepted, _) = attempt(server, client(&both)).await;
+    assert!(
+        accepted,
+        "the client's chain is under the new root, still in the bundle"
+    );
+    assert_eq!(bundle.anchors().len(), 1);
+}
+
+#[test]
+fn a_root_naming_another_trust_domain_is_refused() {
+    let key = rcgen::KeyPair::generate().unwrap();
+    let mut p = rcgen::CertificateParams::default();
+    p.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    p.subject_alt_names = vec![rcgen::SanType::URI(
+        "spiffe://other.example".try_into().unwrap(),
+    )];
+    let pem = p.self_signed(&key).unwrap().pem();
+    match TrustBundle::from_pem(pem.as_bytes(), "cluster.local") {
+        Err(BundleError::TrustDomain { index: 1, got, .. }) => assert_eq!(got, "other.example"),
+        other => panic!("{other:?}"),
+    }
+    assert!(TrustBundle::from_pem(pem.as_bytes(), "other.example").is_ok());
+}

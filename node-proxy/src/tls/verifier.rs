@@ -102,9 +102,11 @@ fn verify_chain(
     usage: webpki::KeyUsage,
 ) -> Result<WorkloadIdentity, rustls::Error> {
     let cert = webpki::EndEntityCert::try_from(end_entity).map_err(webpki_error)?;
+    // The roots of this moment: a bundle replaced since applies from this handshake on.
+    let anchors = bundle.anchors();
     cert.verify_for_usage(
         algs.all,
-        bundle.anchors(),
+        anchors.roots(),
         intermediates,
         now,
         usage,
