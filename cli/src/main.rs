@@ -2,7 +2,8 @@
 //!
 //! # Layout
 //!
-//! - `pki`: create the mesh's trust anchor and issuer (`ambit pki init`).
+//! - `pki`: the mesh PKI as files: a new one (`ambit pki init`), and the steps of a
+//!   rotation (`anchor new`, `bundle add|remove`, `issuer new`, `inspect`).
 //! - `check`: what is wrong with a node, the PKI, the control plane or the proxies, and
 //!   what to do (`ambit check [--pre | --proxy]`).
 //! - `stat`: golden metrics per workload, pod or namespace from the node proxies'

@@ -81,6 +81,7 @@ async fn a_healthy_mesh_is_all_success_and_problems_say_what_to_do() {
         "the control plane serves TLS as spiffe://cluster.local/ns/ambit/sa/ambit-control",
         "spiffe://cluster.local/ns/shop/sa/web: its certificate is issued under the current trust anchors",
         "runs the control plane's version",
+        "trusts the roots of --trust-anchors",
     ] {
         assert!(r.iter().any(|(_, d)| d.contains(want)), "{want} in {r:?}");
     }

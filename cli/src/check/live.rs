@@ -237,6 +237,9 @@ pub async fn proxy(admin: &str, bundle: &TrustBundle, version: Option<&str>) -> 
             return out;
         }
     };
+    if let Some(check) = same_bundle(admin, bundle, &dump) {
+        out.push(check);
+    }
     let verifier_now = UnixTime::now();
     for id in dump["identities"].as_array().into_iter().flatten() {
         let name = id["identity"].as_str().unwrap_or_default();
@@ -294,6 +297,43 @@ pub async fn proxy(admin: &str, bundle: &TrustBundle, version: Option<&str>) -> 
     out
 }
 
+/// Whether the proxy trusts exactly the roots of `bundle` (its `/config_dump`'s
+/// `trust_bundle`): between the steps of a rotation, every proxy must have taken the new
+/// bundle before the next step. `None` for a proxy that does not say.
+fn same_bundle(admin: &str, bundle: &TrustBundle, dump: &serde_json::Value) -> Option<Check> {
+    let theirs: std::collections::BTreeSet<&str> = dump["trust_bundle"]["anchors"]
+        .as_array()?
+        .iter()
+        .filter_map(|a| a["sha256"].as_str())
+        .collect();
+    let anchors = bundle.anchors();
+    let ours: Vec<String> = anchors
+        .certificates()
+        .iter()
+        .map(|c| ambit_proxy::tls::sha256_hex(c))
+        .collect();
+    let ours: std::collections::BTreeSet<&str> = ours.iter().map(String::as_str).collect();
+    let description = format!("the proxy at {admin} trusts the roots of --trust-anchors");
+    if theirs == ours {
+        return Some(Check::ok(description));
+    }
+    let short = |set: &std::collections::BTreeSet<&str>| {
+        set.iter()
+            .map(|f| &f[..f.len().min(16)])
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let refused = dump["trust_bundle"]["last_error"]
+        .as_str()
+        .map(|e| format!("; it refused its file: {e}"))
+        .unwrap_or_default();
+    Some(Check::fail(
+        description,
+        format!("it trusts {} where the file has {}{refused}", short(&theirs), short(&ours)),
+        "a proxy reads its trust anchors file every few seconds, and the kubelet takes up to a minute or so to update a mounted ConfigMap: wait and check again before the next step of a rotation (docs/OPERATIONS.md)",
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -322,5 +362,36 @@ mod tests {
             .clone()
             .unwrap_or_default()
             .contains(&closed.to_string()));
+    }
+
+    #[test]
+    fn a_proxy_on_another_bundle_is_an_error_saying_which_roots_and_why() {
+        let (old, new) = (
+            ambit_proxy::testing::TestCa::new("cluster.local"),
+            ambit_proxy::testing::TestCa::new("cluster.local"),
+        );
+        let fp = |ca: &ambit_proxy::testing::TestCa| ambit_proxy::tls::sha256_hex(&ca.root_der);
+        let dump = |fps: &[String], error: Option<&str>| {
+            serde_json::json!({"trust_bundle": {
+                "anchors": fps.iter().map(|f| serde_json::json!({"sha256": f})).collect::<Vec<_>>(),
+                "last_error": error,
+            }})
+        };
+        let both = ambit_proxy::tls::TrustBundle::from_pem(
+            format!("{}{}", old.root_pem, new.root_pem).as_bytes(),
+            "cluster.local",
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let same = same_bundle("p", &both, &dump(&[fp(&new), fp(&old)], None));
+        assert_eq!(same.map(|c| c.result), Some(Status::Success));
+        let behind = same_bundle("p", &both, &dump(&[fp(&old)], Some("bad.pem: empty")))
+            .unwrap_or_else(|| panic!("a check"));
+        assert_eq!(behind.result, Status::Error);
+        let error = behind.error.unwrap_or_default();
+        assert!(
+            error.contains(&fp(&old)[..16]) && error.contains("bad.pem: empty"),
+            "{error}"
+        );
+        assert!(same_bundle("p", &both, &serde_json::json!({})).is_none());
     }
 }

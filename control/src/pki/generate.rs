@@ -68,13 +68,25 @@ pub fn trust_anchor(trust_domain: &str, validity: Validity) -> Result<CaMaterial
     })
 }
 
-/// Creates an issuer (intermediate CA, path length 0) signed by `root`.
+/// Creates an issuer (intermediate CA, path length 0) signed by `root`, whose key must be
+/// its certificate's.
 pub fn issuer(
     root: &CaMaterial,
     trust_domain: &str,
     validity: Validity,
 ) -> Result<CaMaterial, PkiError> {
     let root_key = KeyPair::from_pem(&root.key_pem)?;
+    let root_der = rustls_pki_types::pem::PemObject::from_pem_slice(root.cert_pem.as_bytes())
+        .map_err(|e| PkiError::Invalid(format!("the trust anchor certificate: {e}")))?;
+    let root_der: rustls_pki_types::CertificateDer<'_> = root_der;
+    let (_, root_cert) = x509_parser::prelude::FromDer::from_der(&root_der)
+        .map_err(|e| PkiError::Invalid(format!("the trust anchor certificate: {e}")))?;
+    let root_cert: x509_parser::certificate::X509Certificate<'_> = root_cert;
+    if root_cert.public_key().subject_public_key.data.as_ref() != root_key.public_key_raw() {
+        return Err(PkiError::Invalid(
+            "the trust anchor key is not the key of the trust anchor certificate (their public keys differ)".into(),
+        ));
+    }
     let root_issuer = Issuer::from_ca_cert_pem(&root.cert_pem, root_key)?;
     let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256)?;
     let mut params = ca_params(

@@ -23,6 +23,9 @@ pub enum PkiError {
     /// rcgen could not create or sign a certificate.
     #[error("certificate generation failed: {0}")]
     Rcgen(#[from] rcgen::Error),
+    /// What was given to sign with is not usable.
+    #[error("{0}")]
+    Invalid(String),
 }
 
 /// Default lifetime of a workload certificate.
