@@ -7,6 +7,8 @@
 //!   meshed pod: registers its listeners, its addresses and netns, and attaches
 //!   `sk_lookup` to its netns ([`Redirection::add_pod`]); looks up the original
 //!   destination of each accepted outbound connection ([`Redirection::original_dst`]).
+//!   With sockmap on ([`Redirection::enable_sockmap`]), the in-pod hops' sockets are
+//!   paired by `sockops` and their bytes moved by the `sk_msg` program ([`sockmap`]).
 //! - [`sys`]: the kernel calls aya 0.13 lacks (owned, pinnable `bpf_link`s; netns cookie;
 //!   bpffs).
 //!
@@ -20,13 +22,14 @@
 //! The programs themselves are in `ebpf/programs` (built by `build.rs`); the types both
 //! sides share are in `ebpf/common`.
 
+pub mod sockmap;
 pub mod sys;
 
 pub use ambit_ebpf_common as common;
 
 use ambit_ebpf_common::{
     maps, programs, ConnKey, InboundPod, ListenerKey, OrigDst, OutboundPod, PodIp, PortRange,
-    PortRanges, FAMILY_V4, FAMILY_V6, LISTENER_MESH, LISTENER_PLAIN, MAX_PORT_RANGES,
+    PortRanges, SockKey, FAMILY_V4, FAMILY_V6, LISTENER_MESH, LISTENER_PLAIN, MAX_PORT_RANGES,
 };
 use aya::maps::{Array, HashMap, MapData, SockHash};
 use aya::programs::{CgroupSockAddr, SkLookup, SockOps};
@@ -72,6 +75,10 @@ pub enum Error {
         /// The error.
         source: io::Error,
     },
+    /// Sockmap cannot pair the proxy's sockets: its cgroup is not below the one the
+    /// programs are attached to, and is a root cgroup, which Ambit never attaches to.
+    #[error("sockmap: {0}")]
+    Sockmap(String),
     /// A pod asks for more skip-port ranges than the programs hold.
     #[error("{what}: {count} port ranges, at most {MAX_PORT_RANGES} are supported")]
     TooManyRanges {
@@ -120,6 +127,11 @@ pub struct Redirection {
     pod_ips: HashMap<MapData, PodIp, InboundPod>,
     listeners: SockHash<MapData, ListenerKey>,
     orig_dst: HashMap<MapData, ConnKey, OrigDst>,
+    settings: Array<MapData, u32>,
+    inpod: SockHash<MapData, SockKey>,
+    /// `sockops` on the proxy's own cgroup, when the programs' cgroup does not hold it
+    /// ([`Self::enable_sockmap`]); detached when this is dropped.
+    own_sockops: Option<std::os::fd::OwnedFd>,
 }
 
 impl std::fmt::Debug for Redirection {
@@ -231,6 +243,7 @@ impl Redirection {
             name: programs::SK_LOOKUP,
             source,
         })?;
+
         // Only the proxy's own sockets skip redirection by its mark: tell the programs
         // which cgroup it runs in.
         let own = sys::own_cgroup_id().map_err(io_err("finding the proxy's cgroup v2 id"))?;
@@ -243,6 +256,9 @@ impl Redirection {
             pod_ips: take(&mut ebpf, maps::POD_IPS)?,
             listeners: take(&mut ebpf, maps::LISTENERS)?,
             orig_dst: take(&mut ebpf, maps::ORIG_DST)?,
+            settings: take(&mut ebpf, maps::SETTINGS)?,
+            inpod: take(&mut ebpf, maps::INPOD_SOCKETS)?,
+            own_sockops: None,
             ebpf,
             pin_dir: pin_dir.to_path_buf(),
         };

@@ -9,6 +9,7 @@ use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
+const BPF_PROG_ATTACH: libc::c_long = 8;
 const BPF_OBJ_PIN: libc::c_long = 6;
 const BPF_OBJ_GET: libc::c_long = 7;
 const BPF_LINK_CREATE: libc::c_long = 28;
@@ -22,6 +23,8 @@ pub const BPF_CGROUP_INET4_CONNECT: u32 = 10;
 pub const BPF_CGROUP_INET6_CONNECT: u32 = 11;
 /// `sk_lookup`.
 pub const BPF_SK_LOOKUP: u32 = 36;
+/// `sk_msg` on a sockmap or sockhash.
+pub const BPF_SK_MSG_VERDICT: u32 = 7;
 
 /// `SO_NETNS_COOKIE` (Linux 5.14).
 const SO_NETNS_COOKIE: libc::c_int = 71;
@@ -67,6 +70,20 @@ pub fn link_create(
     attr.0[1] = target.as_raw_fd() as u32;
     attr.0[2] = attach_type;
     owned(bpf(BPF_LINK_CREATE, &mut attr)?)
+}
+
+/// `BPF_PROG_ATTACH` of `prog` to a sockmap or sockhash (`target`): the program stays
+/// with the map — pinned, it outlives the process — and a later attach replaces it.
+pub fn prog_attach(
+    prog: BorrowedFd<'_>,
+    target: BorrowedFd<'_>,
+    attach_type: u32,
+) -> io::Result<()> {
+    let mut attr = Attr([0; 32]);
+    attr.0[0] = target.as_raw_fd() as u32;
+    attr.0[1] = prog.as_raw_fd() as u32;
+    attr.0[2] = attach_type;
+    bpf(BPF_PROG_ATTACH, &mut attr).map(drop)
 }
 
 /// `BPF_LINK_UPDATE`: the link runs `prog` from now on.
@@ -180,6 +197,14 @@ pub fn cgroup2_mount() -> std::path::PathBuf {
 /// (what `bpf_get_current_cgroup_id` returns for its tasks).
 pub fn own_cgroup_id() -> io::Result<u64> {
     use std::os::unix::fs::MetadataExt;
+    let dir = own_cgroup_dir()?;
+    std::fs::metadata(&dir)
+        .map(|m| m.ino())
+        .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", dir.display())))
+}
+
+/// This process's cgroup v2 directory, under the cgroup2 mount as this process sees it.
+pub fn own_cgroup_dir() -> io::Result<std::path::PathBuf> {
     let cgroups = std::fs::read_to_string("/proc/self/cgroup")?;
     let path = cgroups
         .lines()
@@ -210,8 +235,5 @@ pub fn own_cgroup_id() -> io::Result<u64> {
         .strip_prefix(root.as_str())
         .unwrap_or(path)
         .trim_start_matches('/');
-    let dir = std::path::Path::new(&mount).join(relative);
-    std::fs::metadata(&dir)
-        .map(|m| m.ino())
-        .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", dir.display())))
+    Ok(std::path::Path::new(&mount).join(relative))
 }

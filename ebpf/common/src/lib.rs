@@ -29,6 +29,10 @@ pub const LISTENER_MESH: u32 = 0;
 /// The plaintext inbound listener.
 pub const LISTENER_PLAIN: u32 = 1;
 
+/// Bit of `SETTINGS[0]`: `sockops` pairs the in-pod hops' sockets in `INPOD_SOCKETS`, and
+/// the `sk_msg` program moves their bytes from one to the other.
+pub const SETTING_SOCKMAP: u32 = 1;
+
 /// Map names, as the programs declare them and the loader finds them (and pins them under
 /// the pin directory with these names).
 pub mod maps {
@@ -45,6 +49,17 @@ pub mod maps {
     /// Index 0 → the node proxy's cgroup v2 id: only its sockets may skip redirection by
     /// the proxy's mark (any process with `CAP_NET_RAW` can set a mark).
     pub const PROXY_CGROUP: &str = "AMBIT_PROXY_CGROUP";
+    /// Index 0 → the `SETTING_*` bits the loader sets (the switch for sockmap).
+    pub const SETTINGS: &str = "AMBIT_SETTINGS";
+    /// [`super::SockKey`] → a socket of an in-pod hop (a SOCKHASH the `sk_msg` program is
+    /// attached to): the application's and the proxy's ends of the same connection.
+    pub const INPOD_SOCKETS: &str = "AMBIT_INPOD_SOCKETS";
+    /// [`super::SockKey`] → 1: a socket whose first bytes went by TCP because its peer was
+    /// not in `INPOD_SOCKETS`; it keeps to TCP, or its later bytes would overtake them.
+    pub const PASSED: &str = "AMBIT_PASSED";
+    /// [`super::SockKey`] → 1: the application's end of a connection the proxy opened to
+    /// it (delivery from the pod's own address), expected by `sockops`.
+    pub const EXPECTED_PEERS: &str = "AMBIT_EXPECTED_PEERS";
 }
 
 /// Program names, as the programs' functions are called.
@@ -57,6 +72,8 @@ pub mod programs {
     pub const SOCKOPS: &str = "ambit_sockops";
     /// `sk_lookup`, attached to each meshed pod's netns.
     pub const SK_LOOKUP: &str = "ambit_sk_lookup";
+    /// `sk_msg`, attached to the `INPOD_SOCKETS` SOCKHASH.
+    pub const SK_MSG: &str = "ambit_sk_msg";
 }
 
 /// An inclusive range of ports, host byte order.
@@ -163,6 +180,46 @@ pub struct OrigDst {
     pub family: u16,
 }
 
+/// One end of a TCP connection inside a pod's netns, as that end sees it (key of
+/// `INPOD_SOCKETS`, `PASSED` and `EXPECTED_PEERS`); the peer's key swaps local and remote.
+/// A v4-mapped IPv6 socket is keyed as IPv4, as the IPv4 socket at its other end sees the
+/// connection.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct SockKey {
+    /// `SO_NETNS_COOKIE` of the pod's network namespace (loopback addresses repeat in
+    /// every pod).
+    pub netns_cookie: u64,
+    /// This end's address words (see the crate doc).
+    pub local_ip: [u32; 4],
+    /// The other end's address words.
+    pub remote_ip: [u32; 4],
+    /// This end's port, host byte order.
+    pub local_port: u32,
+    /// The other end's port, host byte order.
+    pub remote_port: u32,
+    /// [`FAMILY_V4`] or [`FAMILY_V6`].
+    pub family: u32,
+    /// Padding; always zero.
+    pub pad: u32,
+}
+
+impl SockKey {
+    /// The key of the other end of the same connection.
+    #[inline(always)]
+    pub fn peer(&self) -> Self {
+        Self {
+            netns_cookie: self.netns_cookie,
+            local_ip: self.remote_ip,
+            remote_ip: self.local_ip,
+            local_port: self.remote_port,
+            remote_port: self.local_port,
+            family: self.family,
+            pad: 0,
+        }
+    }
+}
+
 #[cfg(feature = "user")]
 mod user {
     // SAFETY: all of these are `repr(C)`, `Copy`, made of integers, with explicit padding:
@@ -179,4 +236,6 @@ mod user {
     unsafe impl aya::Pod for super::ConnKey {}
     #[allow(unsafe_code)]
     unsafe impl aya::Pod for super::OrigDst {}
+    #[allow(unsafe_code)]
+    unsafe impl aya::Pod for super::SockKey {}
 }

@@ -7,7 +7,13 @@
 //!   left alone.
 //! - `ambit_sockops` (`sockops`, at `TCP_CONNECT_CB`, once the client port is chosen):
 //!   re-keys that destination by (netns cookie, client port), which is what the proxy can
-//!   compute from the connection it accepts.
+//!   compute from the connection it accepts. With sockmap on, at `ACTIVE_ESTABLISHED` and
+//!   `PASSIVE_ESTABLISHED` — before either end can send a byte — it also puts both ends of
+//!   each in-pod hop (application ↔ proxy) in `INPOD_SOCKETS`.
+//! - `ambit_sk_msg` (`sk_msg`, on `INPOD_SOCKETS`): bytes an end of an in-pod hop sends go
+//!   straight into its peer's receive queue, past the loopback TCP stack; when the peer is
+//!   not in the map the bytes take TCP (`SK_PASS`, never `SK_DROP`), and that socket keeps
+//!   to TCP from then on, so that no later byte overtakes them.
 //! - `ambit_sk_lookup` (`sk_lookup`, one link per meshed pod netns): TCP for the pod's own
 //!   addresses goes to the proxy's in-pod listener — 4143 for the mesh port, 4144 for
 //!   everything else — except skip-inbound ports and connections from the pod to itself;
@@ -19,16 +25,21 @@
 #![no_std]
 #![no_main]
 
+mod sockmap;
+
 use ambit_ebpf_common::{
     ConnKey, InboundPod, ListenerKey, OrigDst, OutboundPod, PodIp, FAMILY_V4, FAMILY_V6,
     LISTENER_MESH, LISTENER_PLAIN, MESH_PORT, OUTBOUND_PORT, PROXY_MARK,
 };
 use aya_ebpf::{
-    bindings::{bpf_sock_addr, sk_action, BPF_SOCK_OPS_TCP_CONNECT_CB},
+    bindings::{
+        bpf_sock_addr, sk_action, BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB,
+        BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB, BPF_SOCK_OPS_TCP_CONNECT_CB,
+    },
     helpers::{bpf_get_current_cgroup_id, bpf_get_netns_cookie, bpf_get_socket_cookie},
-    macros::{cgroup_sock_addr, map, sk_lookup, sock_ops},
+    macros::{cgroup_sock_addr, map, sk_lookup, sk_msg, sock_ops},
     maps::{Array, HashMap, LruHashMap, SockHash},
-    programs::{SkLookupContext, SockAddrContext, SockOpsContext},
+    programs::{SkLookupContext, SkMsgContext, SockAddrContext, SockOpsContext},
     EbpfContext,
 };
 use core::ptr::{addr_of, addr_of_mut};
@@ -39,7 +50,7 @@ const AF_INET: u32 = 2;
 const ALLOW: i32 = 1;
 
 #[map(name = "AMBIT_MESHED_NETNS")]
-static MESHED_NETNS: HashMap<u64, OutboundPod> = HashMap::pinned(4096, 0);
+pub(crate) static MESHED_NETNS: HashMap<u64, OutboundPod> = HashMap::pinned(4096, 0);
 
 #[map(name = "AMBIT_SOCKET_DST")]
 static SOCKET_DST: LruHashMap<u64, OrigDst> = LruHashMap::pinned(65536, 0);
@@ -62,14 +73,14 @@ static mut LISTENERS: SockHash<ListenerKey> = SockHash::pinned(16384, 0);
 /// a constant offset: the verifier refuses context loads through a computed pointer
 /// (which it makes when two branches read different fields of the same shape).
 #[inline(always)]
-fn read(field: *const u32) -> u32 {
+pub(crate) fn read(field: *const u32) -> u32 {
     // SAFETY: `field` points into the program's context, valid for the whole run.
     unsafe { core::ptr::read_volatile(field) }
 }
 
 /// Reads an IPv6 address from the context, word by word (see [`read`]).
 #[inline(always)]
-fn read6(field: *const [u32; 4]) -> [u32; 4] {
+pub(crate) fn read6(field: *const [u32; 4]) -> [u32; 4] {
     let w = field.cast::<u32>();
     // SAFETY: the four words are inside the same context field.
     unsafe { [read(w), read(w.add(1)), read(w.add(2)), read(w.add(3))] }
@@ -141,7 +152,7 @@ pub fn ambit_connect4(ctx: SockAddrContext) -> i32 {
     ALLOW
 }
 
-fn v4_mapped(ip: &[u32; 4]) -> bool {
+pub(crate) fn v4_mapped(ip: &[u32; 4]) -> bool {
     ip[0] == 0 && ip[1] == 0 && ip[2] == 0xffff_u32.to_be()
 }
 
@@ -191,10 +202,18 @@ pub fn ambit_connect6(ctx: SockAddrContext) -> i32 {
 
 #[sock_ops]
 pub fn ambit_sockops(ctx: SockOpsContext) -> u32 {
-    if ctx.op() == BPF_SOCK_OPS_TCP_CONNECT_CB {
-        rekey(&ctx);
+    match ctx.op() {
+        BPF_SOCK_OPS_TCP_CONNECT_CB => rekey(&ctx),
+        BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB => sockmap::pair(&ctx, false),
+        BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB => sockmap::pair(&ctx, true),
+        _ => {}
     }
     1
+}
+
+#[sk_msg]
+pub fn ambit_sk_msg(ctx: SkMsgContext) -> u32 {
+    sockmap::forward(&ctx)
 }
 
 /// Moves a redirected socket's destination from its socket cookie to (netns cookie,
@@ -288,7 +307,7 @@ fn steer(ctx: &SkLookupContext) -> u32 {
 
 /// 127.0.0.0/8, `::1`, and `::ffff:127.0.0.0/104` (words in network order).
 #[inline(always)]
-fn is_loopback(ip: &[u32; 4], family: u16) -> bool {
+pub(crate) fn is_loopback(ip: &[u32; 4], family: u16) -> bool {
     if family == FAMILY_V4 {
         return ip[0].to_ne_bytes()[0] == 127;
     }
