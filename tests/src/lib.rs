@@ -15,6 +15,7 @@
 pub mod binary;
 pub mod cni;
 pub mod kube;
+pub mod load;
 pub mod netns;
 pub mod policy;
 pub mod testapp;

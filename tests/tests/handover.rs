@@ -16,19 +16,19 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure
 
 use ambit_e2e::binary::{self, Killed};
+use ambit_e2e::load::{connect, get, until_served, Client};
 use ambit_e2e::netns::Topology;
 use ambit_e2e::testapp::{self, Seen};
 use ambit_e2e::{http_get, metric_sum, ControlPlane, NetnsHandles, NodeProxy, NAMESPACES};
 use ambit_proxy::netns::Netns;
-use bytes::Bytes;
-use http_body_util::{BodyExt, Empty};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::watch;
+
+/// How often each client sends.
+const EVERY: Duration = Duration::from_millis(20);
 
 /// An opaque port (one of the defaults): relayed as a CONNECT stream, never parsed.
 const OPAQUE: u16 = 5432;
@@ -111,112 +111,6 @@ async fn echo_server(netns: &Netns) {
     });
 }
 
-type Sender = hyper::client::conn::http1::SendRequest<Empty<Bytes>>;
-
-async fn connect(netns: &Netns, dst: SocketAddr) -> Result<Sender, String> {
-    let stream = tokio::time::timeout(Duration::from_secs(5), netns.connect(dst, 0))
-        .await
-        .map_err(|_| "connect timed out".to_string())?
-        .map_err(|e| format!("connect: {e}"))?;
-    let (send, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-        .await
-        .map_err(|e| format!("handshake: {e}"))?;
-    tokio::spawn(conn);
-    Ok(send)
-}
-
-/// One GET: the status, and whether the server asked to close the connection.
-async fn get(send: &mut Sender, host: &str) -> Result<(u16, bool), String> {
-    let req = http::Request::get("/")
-        .header("host", host)
-        .body(Empty::new())
-        .unwrap();
-    let resp = tokio::time::timeout(Duration::from_secs(5), send.send_request(req))
-        .await
-        .map_err(|_| "no response in 5 s".to_string())?
-        .map_err(|e| format!("request: {e}"))?;
-    let close = resp
-        .headers()
-        .get(http::header::CONNECTION)
-        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"close"));
-    let status = resp.status().as_u16();
-    resp.into_body()
-        .collect()
-        .await
-        .map_err(|e| format!("body: {e}"))?;
-    Ok((status, close))
-}
-
-/// What a client at a fixed rate saw.
-#[derive(Default)]
-struct Load {
-    ok: AtomicU64,
-    connections: AtomicU64,
-    failed: Mutex<Vec<String>>,
-}
-
-/// GETs from the pod at `netns` to `dst` every 20 ms until `stop`: over one keep-alive
-/// connection — checked before each use and replaced when the server asked to close it or
-/// closed it between requests, as an HTTP client's pool does — or a new connection per
-/// request. A request that fails or gets anything but 200 is a failure.
-fn load(
-    netns: PathBuf,
-    dst: SocketAddr,
-    keepalive: bool,
-    stop: watch::Receiver<bool>,
-) -> Arc<Load> {
-    let seen = Arc::new(Load::default());
-    let counts = seen.clone();
-    tokio::spawn(async move {
-        let netns = Netns::open(&netns).unwrap();
-        let host = dst.to_string();
-        let mut every = tokio::time::interval(Duration::from_millis(20));
-        let mut conn: Option<Sender> = None;
-        while !*stop.borrow() {
-            every.tick().await;
-            if let Some(send) = &mut conn {
-                if send.ready().await.is_err() {
-                    conn = None;
-                }
-            }
-            let send = match &mut conn {
-                Some(send) => send,
-                None => match connect(&netns, dst).await {
-                    Ok(send) => {
-                        counts.connections.fetch_add(1, Ordering::Relaxed);
-                        conn.insert(send)
-                    }
-                    Err(e) => {
-                        counts.failed.lock().unwrap().push(e);
-                        continue;
-                    }
-                },
-            };
-            match get(send, &host).await {
-                Ok((200, close)) => {
-                    counts.ok.fetch_add(1, Ordering::Relaxed);
-                    if close || !keepalive {
-                        conn = None;
-                    }
-                }
-                Ok((status, _)) => {
-                    counts
-                        .failed
-                        .lock()
-                        .unwrap()
-                        .push(format!("status {status}"));
-                    conn = None;
-                }
-                Err(e) => {
-                    counts.failed.lock().unwrap().push(e);
-                    conn = None;
-                }
-            }
-        }
-    });
-    seen
-}
-
 /// An opaque stream from the pod at `netns` to `dst`: 1 KiB every 50 ms until `stop`,
 /// each echoed back; then a half-close and the echo read to its end. Returns the bytes
 /// sent and the bytes echoed, and how many chunks went out after `mark` turned true.
@@ -271,21 +165,6 @@ async fn until_ready(admin: u16) {
     }
 }
 
-/// Until a GET from `from` to `to` is served (the binary serves node-b's pods).
-async fn until_served(from: &Path, to: SocketAddr) {
-    let netns = Netns::open(from).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Ok(mut send) = connect(&netns, to).await {
-            if let Ok((200, _)) = get(&mut send, &to.to_string()).await {
-                return;
-            }
-        }
-        assert!(Instant::now() < deadline, "{to} never served");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 /// Waits for the process to exit (60 s at most); its status.
 async fn until_exit(p: &mut Killed) -> std::process::ExitStatus {
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -324,19 +203,19 @@ async fn take_over(shared_admin: bool) {
     let loads = [
         (
             "inbound keep-alive",
-            load(m.netns("client"), inbound, true, stop.clone()),
+            Client::new(m.netns("client"), inbound, true, EVERY).start(stop.clone()),
         ),
         (
             "inbound new connections",
-            load(m.netns("client"), inbound, false, stop.clone()),
+            Client::new(m.netns("client"), inbound, false, EVERY).start(stop.clone()),
         ),
         (
             "outbound keep-alive",
-            load(m.netns("local"), outbound, true, stop.clone()),
+            Client::new(m.netns("local"), outbound, true, EVERY).start(stop.clone()),
         ),
         (
             "outbound new connections",
-            load(m.netns("local"), outbound, false, stop.clone()),
+            Client::new(m.netns("local"), outbound, false, EVERY).start(stop.clone()),
         ),
     ];
     let (taken_tx, taken) = watch::channel(false);
@@ -374,11 +253,11 @@ async fn take_over(shared_admin: bool) {
     tokio::time::sleep(Duration::from_millis(100)).await;
 
     for (what, l) in &loads {
-        let failed = l.failed.lock().unwrap().clone();
-        let ok = l.ok.load(Ordering::Relaxed);
+        let failed = l.all_failed();
+        let ok = l.total_ok();
         eprintln!(
             "{what}: {ok} served, {} connections, {} failed",
-            l.connections.load(Ordering::Relaxed),
+            l.connections(),
             failed.len()
         );
         assert!(
@@ -391,7 +270,7 @@ async fn take_over(shared_admin: bool) {
     // The keep-alive client on node-b was moved to each new process (its connection
     // answered `connection: close`), not cut; node-a's proxy moved its tunnel (GOAWAY).
     assert!(
-        loads[2].1.connections.load(Ordering::Relaxed) >= 3,
+        loads[2].1.connections() >= 3,
         "outbound keep-alive: not moved at each hand-over"
     );
     assert!(m.server_seen.total() + m.remote_seen.total() > before);
@@ -526,8 +405,8 @@ async fn a_successor_that_dies_before_taking_over_leaves_the_old_proxy_serving()
     until_served(&m.netns("local"), outbound).await;
     let (stop_tx, stop) = watch::channel(false);
     let loads = [
-        load(m.netns("client"), inbound, true, stop.clone()),
-        load(m.netns("local"), outbound, false, stop.clone()),
+        Client::new(m.netns("client"), inbound, true, EVERY).start(stop.clone()),
+        Client::new(m.netns("local"), outbound, false, EVERY).start(stop.clone()),
     ];
 
     // A successor that trusts other anchors: neither the control plane nor the
@@ -585,9 +464,9 @@ async fn a_successor_that_dies_before_taking_over_leaves_the_old_proxy_serving()
     stop_tx.send_replace(true);
     tokio::time::sleep(Duration::from_millis(100)).await;
     for l in &loads {
-        let failed = l.failed.lock().unwrap().clone();
+        let failed = l.all_failed();
         assert!(failed.is_empty(), "{} failed: {failed:?}", failed.len());
-        assert!(l.ok.load(Ordering::Relaxed) > 50);
+        assert!(l.total_ok() > 50);
     }
     assert!(old.exited().is_none());
 

@@ -23,20 +23,22 @@
 
 use ambit_api::cni::{PodAdd, PodRef, Request, Response};
 use ambit_e2e::binary::{self, Killed};
+use ambit_e2e::load::{connect, get, Client};
 use ambit_e2e::netns::Topology;
 use ambit_e2e::testapp;
 use ambit_e2e::{http_get, metric_sum, ControlPlane, NetnsHandles, NodeProxy, NAMESPACES};
 use ambit_proxy::netns::Netns;
-use bytes::Bytes;
-use http_body_util::{BodyExt, Empty};
 use serde_json::Value;
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
+
+/// How often each client sends.
+const EVERY: Duration = Duration::from_millis(50);
 
 /// The shortest certificate lifetime the control plane accepts.
 const LIFETIME: &str = "1m";
@@ -89,122 +91,6 @@ fn cluster(t: &Topology, with_late: bool) -> String {
         pod("client", "node-a", true),
         pod("server", "node-b", true),
     )
-}
-
-type Sender = hyper::client::conn::http1::SendRequest<Empty<Bytes>>;
-
-async fn connect(netns: &Netns, dst: SocketAddr) -> Result<Sender, String> {
-    let stream = tokio::time::timeout(Duration::from_secs(5), netns.connect(dst, 0))
-        .await
-        .map_err(|_| "connect timed out".to_string())?
-        .map_err(|e| format!("connect: {e}"))?;
-    let (send, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-        .await
-        .map_err(|e| format!("handshake: {e}"))?;
-    tokio::spawn(conn);
-    Ok(send)
-}
-
-/// One GET: the status, and whether the server asked to close the connection.
-async fn get(send: &mut Sender, host: &str) -> Result<(u16, bool), String> {
-    let req = http::Request::get("/")
-        .header("host", host)
-        .body(Empty::new())
-        .unwrap();
-    let resp = tokio::time::timeout(Duration::from_secs(5), send.send_request(req))
-        .await
-        .map_err(|_| "no response in 5 s".to_string())?
-        .map_err(|e| format!("request: {e}"))?;
-    let close = resp
-        .headers()
-        .get(http::header::CONNECTION)
-        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"close"));
-    let status = resp.status().as_u16();
-    resp.into_body()
-        .collect()
-        .await
-        .map_err(|e| format!("body: {e}"))?;
-    Ok((status, close))
-}
-
-/// What a client at a fixed rate saw, per phase.
-#[derive(Default)]
-struct Load {
-    ok: [AtomicU64; PHASES.len()],
-    failed: Mutex<Vec<(Phase, String)>>,
-}
-
-impl Load {
-    fn ok(&self, phase: Phase) -> u64 {
-        self.ok[phase as usize].load(Ordering::Relaxed)
-    }
-
-    fn failed(&self, phase: Phase) -> Vec<String> {
-        let failed = self.failed.lock().unwrap();
-        failed
-            .iter()
-            .filter(|(p, _)| *p == phase)
-            .map(|(_, e)| e.clone())
-            .collect()
-    }
-}
-
-/// GETs from the pod at `netns` to `dst` every 50 ms until `stop`, each counted in the
-/// phase `phase` said when it started: over one keep-alive connection (replaced when the
-/// server closes it, as a client's pool does) or a new connection per request. Anything
-/// but a 200 is a failure.
-fn load(
-    netns: PathBuf,
-    dst: SocketAddr,
-    keepalive: bool,
-    phase: Arc<AtomicUsize>,
-    stop: watch::Receiver<bool>,
-) -> Arc<Load> {
-    let seen = Arc::new(Load::default());
-    let counts = seen.clone();
-    tokio::spawn(async move {
-        let netns = Netns::open(&netns).unwrap();
-        let host = dst.to_string();
-        let mut every = tokio::time::interval(Duration::from_millis(50));
-        let mut conn: Option<Sender> = None;
-        while !*stop.borrow() {
-            every.tick().await;
-            let now = PHASES[phase.load(Ordering::SeqCst)];
-            let fail = |e: String| counts.failed.lock().unwrap().push((now, e));
-            if let Some(send) = &mut conn {
-                if send.ready().await.is_err() {
-                    conn = None;
-                }
-            }
-            let send = match &mut conn {
-                Some(send) => send,
-                None => match connect(&netns, dst).await {
-                    Ok(send) => conn.insert(send),
-                    Err(e) => {
-                        fail(e);
-                        continue;
-                    }
-                },
-            };
-            match get(send, &host).await {
-                Ok((200, close)) => {
-                    counts.ok[now as usize].fetch_add(1, Ordering::Relaxed);
-                    if close || !keepalive {
-                        conn = None;
-                    }
-                }
-                Ok((status, _)) => {
-                    fail(format!("status {status}"));
-                    conn = None;
-                }
-                Err(e) => {
-                    fail(e);
-                    conn = None;
-                }
-            }
-        }
-    });
-    seen
 }
 
 fn admin(port: u16) -> SocketAddr {
@@ -348,14 +234,24 @@ async fn with_the_control_plane_away_traffic_flows_a_restarted_proxy_serves_from
     let loads = [
         (
             "keep-alive",
-            load(client.clone(), server, true, phase.clone(), stop.clone()),
+            Client {
+                phase: phase.clone(),
+                phases: PHASES.len(),
+                ..Client::new(client.clone(), server, true, EVERY)
+            }
+            .start(stop.clone()),
         ),
         (
             "new connection per request",
-            load(client.clone(), server, false, phase.clone(), stop.clone()),
+            Client {
+                phase: phase.clone(),
+                phases: PHASES.len(),
+                ..Client::new(client.clone(), server, false, EVERY)
+            }
+            .start(stop.clone()),
         ),
     ];
-    let served = |p: Phase| loads.iter().map(|(_, l)| l.ok(p)).sum::<u64>();
+    let served = |p: Phase| loads.iter().map(|(_, l)| l.ok(p as usize)).sum::<u64>();
     until("served before the outage", || async {
         (served(Phase::Before) >= 20)
             .then_some(())
@@ -488,13 +384,19 @@ async fn with_the_control_plane_away_traffic_flows_a_restarted_proxy_serves_from
     for (what, l) in &loads {
         let counts: Vec<_> = PHASES
             .iter()
-            .map(|p| format!("{p:?} {} ok, {} failed", l.ok(*p), l.failed(*p).len()))
+            .map(|p| {
+                format!(
+                    "{p:?} {} ok, {} failed",
+                    l.ok(*p as usize),
+                    l.failed(*p as usize).len()
+                )
+            })
             .collect();
         eprintln!("{what}: {}", counts.join("; "));
         for p in PHASES.into_iter().filter(|p| *p != Phase::Restarting) {
-            let failed = l.failed(p);
+            let failed = l.failed(p as usize);
             assert!(failed.is_empty(), "{what}, {p:?}: {failed:?}");
-            assert!(l.ok(p) > 0, "{what}: nothing served in {p:?}");
+            assert!(l.ok(p as usize) > 0, "{what}: nothing served in {p:?}");
         }
     }
 
