@@ -122,9 +122,13 @@ pub async fn run_taking_over(
 
     let redirector = crate::proxy::Redirector::new(
         config.redirect,
-        &config.bpf_pin_dir,
-        &config.cgroup_path,
-        &config.run_dir.join(crate::proxy::redirect::MODE_RECORD),
+        config.sockmap,
+        (
+            &config.bpf_pin_dir,
+            &config.cgroup_path,
+            &config.run_dir.join(crate::proxy::redirect::MODE_RECORD),
+        ),
+        &mut registry,
     )
     .map_err(AppError::Redirect)?;
     let pods = crate::cni::PodRegistry::open(&config.run_dir)
@@ -234,7 +238,7 @@ pub async fn run_taking_over(
             identities.clone(),
             state_rx.clone(),
             bundle.clone(),
-            (redirector.mode(), pods.clone()),
+            (redirector.clone(), pods.clone()),
         ))),
         log_level,
         shutdown: drain_tx.clone(),
@@ -648,7 +652,7 @@ fn config_dump(
     identities: IdentityManager,
     state: watch::Receiver<Arc<DiscoveryState>>,
     bundle: TrustBundle,
-    (redirect_mode, cni_pods): (&'static str, crate::cni::PodRegistry),
+    (redirector, cni_pods): (crate::proxy::Redirector, crate::cni::PodRegistry),
 ) -> admin::ConfigDump {
     Arc::new(move || {
         let s = state.borrow().clone();
@@ -689,7 +693,8 @@ fn config_dump(
             // Which process answers: after a hand-over, the new one.
             "pid": std::process::id(),
             "config": config,
-            "redirect_mode": redirect_mode,
+            "redirect_mode": redirector.mode(),
+            "sockmap": redirector.sockmap().to_string(),
             "trust_anchors": bundle.anchors().len(),
             "discovery": {
                 "synced": s.synced,

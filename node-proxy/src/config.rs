@@ -33,6 +33,8 @@ pub mod env {
     pub const WORKER_THREADS: &str = "AMBIT_WORKER_THREADS";
     /// How pod traffic is redirected to the proxy.
     pub const REDIRECT: &str = "AMBIT_REDIRECT";
+    /// Whether the in-pod hops skip the loopback TCP stack (sk_msg).
+    pub const SOCKMAP: &str = "AMBIT_SOCKMAP";
     /// The identity the control plane must prove.
     pub const CONTROL_IDENTITY: &str = "AMBIT_CONTROL_IDENTITY";
     /// Where the eBPF maps and links are pinned.
@@ -149,6 +151,12 @@ pub struct Config {
     /// redirects).
     #[arg(long, env = env::REDIRECT, value_enum, default_value = "auto")]
     pub redirect: crate::proxy::Redirect,
+    /// With eBPF redirection, move the bytes of the in-pod hops (application ↔ proxy)
+    /// between the two sockets with sk_msg, past the loopback TCP stack. Off by default:
+    /// such a hop has no backpressure and `splice(2)` cannot read it (docs/ARCHITECTURE.md,
+    /// "Redirection").
+    #[arg(long, env = env::SOCKMAP, value_enum, default_value = "off")]
+    pub sockmap: crate::proxy::redirect::Sockmap,
     /// Where the eBPF maps and links are pinned (on bpffs); they outlive the proxy, so a
     /// meshed pod stays redirected (and fails closed) while it restarts.
     #[arg(long, env = env::BPF_PIN_DIR, default_value = defaults::BPF_PIN_DIR)]

@@ -10,8 +10,14 @@
 //! `auto` (the default) picks `ebpf` when the kernel takes the programs and `nftables`
 //! otherwise. Both modes fail closed: when the proxy is gone its listeners are gone, and
 //! the pod's redirected connections are refused rather than sent around it.
+//!
+//! With eBPF, `--sockmap on` also moves the bytes of the in-pod hops (application ↔
+//! proxy) past the loopback TCP stack ([`sockmap`]).
 
 pub mod nftables;
+pub mod sockmap;
+
+pub use sockmap::{Sockmap, SockmapState};
 
 use crate::discovery::Workload;
 use crate::netns::Netns;
@@ -37,9 +43,15 @@ pub enum Redirect {
     None,
 }
 
-/// The redirection in effect.
+/// The redirection in effect, and whether sockmap is.
 #[derive(Clone, Debug)]
-pub enum Redirector {
+pub struct Redirector {
+    kind: Kind,
+    sockmap: SockmapState,
+}
+
+#[derive(Clone, Debug)]
+enum Kind {
     /// eBPF programs, and the maps the proxy drives.
     Ebpf(Arc<Mutex<Redirection>>),
     /// nftables rules in each pod.
@@ -116,13 +128,41 @@ impl Redirector {
     /// Sets up `mode` as [`plan`] resolves it against what an earlier run left (the mode
     /// recorded in `record`, links pinned under `pin_dir`), and records the mode in
     /// effect. With `auto` on a fresh node, a kernel that refuses the programs means
-    /// nftables (logged); otherwise it is an error.
+    /// nftables (logged); otherwise it is an error. Then `sockmap` as eBPF allows
+    /// (unavailable is logged, never an error: it only saves work), with its gauge in
+    /// `registry`.
     pub fn new(
         mode: Redirect,
-        pin_dir: &Path,
-        cgroup: &Path,
-        record: &Path,
+        sockmap: Sockmap,
+        (pin_dir, cgroup, record): (&Path, &Path, &Path),
+        registry: &mut prometheus_client::registry::Registry,
     ) -> Result<Self, String> {
+        let kind = Kind::new(mode, pin_dir, cgroup, record)?;
+        let sockmap = match &kind {
+            Kind::Ebpf(r) => sockmap::apply(&mut Self::ebpf(r), sockmap, cgroup),
+            _ => sockmap::without_ebpf(sockmap),
+        };
+        sockmap::register(registry, &sockmap);
+        Ok(Self { kind, sockmap })
+    }
+
+    /// The mode's name, for `/config_dump` and the logs.
+    pub fn mode(&self) -> &'static str {
+        match self.kind {
+            Kind::Ebpf(_) => "ebpf",
+            Kind::Nftables => "nftables",
+            Kind::None => "none",
+        }
+    }
+
+    /// Whether sockmap is in effect, and why not.
+    pub fn sockmap(&self) -> &SockmapState {
+        &self.sockmap
+    }
+}
+
+impl Kind {
+    fn new(mode: Redirect, pin_dir: &Path, cgroup: &Path, record: &Path) -> Result<Self, String> {
         let recorded = std::fs::read_to_string(record)
             .ok()
             .and_then(|m| <Redirect as clap::ValueEnum>::from_str(m.trim(), false).ok());
@@ -148,20 +188,18 @@ impl Redirector {
         if let Some(dir) = record.parent() {
             let _ = std::fs::create_dir_all(dir);
         }
-        std::fs::write(record, redirector.mode())
+        let name = match &redirector {
+            Self::Ebpf(_) => "ebpf",
+            Self::Nftables => "nftables",
+            Self::None => "none",
+        };
+        std::fs::write(record, name)
             .map_err(|e| format!("recording the redirect mode in {}: {e}", record.display()))?;
         Ok(redirector)
     }
+}
 
-    /// The mode's name, for `/config_dump` and the logs.
-    pub fn mode(&self) -> &'static str {
-        match self {
-            Redirector::Ebpf(_) => "ebpf",
-            Redirector::Nftables => "nftables",
-            Redirector::None => "none",
-        }
-    }
-
+impl Redirector {
     fn ebpf(r: &Arc<Mutex<Redirection>>) -> std::sync::MutexGuard<'_, Redirection> {
         r.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -175,12 +213,12 @@ impl Redirector {
         w: &Workload,
         listeners: &[FamilyListeners<'_>],
     ) -> io::Result<u64> {
-        match self {
+        match &self.kind {
             // SO_NETNS_COOKIE (Linux 5.14) is only asked for where eBPF needs it: the
             // nftables fallback is for kernels that may not have it.
-            Redirector::Nftables => nftables::install(netns, w).await.map(|()| 0),
-            Redirector::None => Ok(0),
-            Redirector::Ebpf(r) => {
+            Kind::Nftables => nftables::install(netns, w).await.map(|()| 0),
+            Kind::None => Ok(0),
+            Kind::Ebpf(r) => {
                 let cookie = match listeners.first() {
                     Some(l) => ambit_ebpf::sys::netns_cookie(l.outbound.as_fd())?,
                     None => 0,
@@ -212,10 +250,10 @@ impl Redirector {
 
     /// Stops redirecting a pod that left the mesh (its netns may be gone already).
     pub async fn remove(&self, netns: &Netns, w: &Workload, cookie: u64) -> io::Result<()> {
-        match self {
-            Redirector::Nftables => nftables::remove(netns).await,
-            Redirector::None => Ok(()),
-            Redirector::Ebpf(r) => {
+        match &self.kind {
+            Kind::Nftables => nftables::remove(netns).await,
+            Kind::None => Ok(()),
+            Kind::Ebpf(r) => {
                 Self::ebpf(r).remove_pod(&pin_id(w, cookie), cookie, &w.ips);
                 Ok(())
             }
@@ -225,15 +263,15 @@ impl Redirector {
     /// Forgets addresses a pod no longer has, its redirection staying (nftables rules
     /// name no address: nothing to do).
     pub fn forget_addresses(&self, ips: &[std::net::IpAddr]) {
-        if let Redirector::Ebpf(r) = self {
+        if let Kind::Ebpf(r) = &self.kind {
             Self::ebpf(r).forget_addresses(ips);
         }
     }
 
     /// Where a connection accepted on a pod's outbound listener was going.
     pub fn outbound_dst(&self, stream: &TcpStream, netns_cookie: u64) -> io::Result<SocketAddr> {
-        match self {
-            Redirector::Ebpf(r) => {
+        match &self.kind {
+            Kind::Ebpf(r) => {
                 let client = stream.peer_addr()?;
                 Self::ebpf(r)
                     .original_dst(netns_cookie, client)
@@ -250,9 +288,9 @@ impl Redirector {
 
     /// Where a connection accepted on a pod's plaintext inbound listener was going.
     pub fn inbound_dst(&self, stream: &TcpStream) -> io::Result<SocketAddr> {
-        match self {
+        match self.kind {
             // sk_lookup does no NAT: the socket's own address is the destination.
-            Redirector::Ebpf(_) => stream.local_addr(),
+            Kind::Ebpf(_) => stream.local_addr(),
             _ => crate::netns::original_dst(stream),
         }
     }
@@ -267,6 +305,11 @@ fn pin_id(w: &Workload, netns_cookie: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn new(mode: Redirect, dir: &Path, cgroup: &Path, record: &Path) -> Result<Redirector, String> {
+        let mut registry = prometheus_client::registry::Registry::default();
+        Redirector::new(mode, Sockmap::Off, (dir, cgroup, record), &mut registry)
+    }
 
     fn pin_dir(test: &str) -> std::path::PathBuf {
         std::path::PathBuf::from(format!(
@@ -283,8 +326,8 @@ mod tests {
         let run = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
         let record = |name: &str| run.path().join(name);
         let nowhere = Path::new("/nonexistent/cgroup");
-        let auto = Redirector::new(Redirect::Auto, &dir, nowhere, &record("a"));
-        let forced = Redirector::new(Redirect::Ebpf, &dir, nowhere, &record("b"));
+        let auto = new(Redirect::Auto, &dir, nowhere, &record("a"));
+        let forced = new(Redirect::Ebpf, &dir, nowhere, &record("b"));
         let _ = ambit_ebpf::remove_pinned(&dir);
         assert_eq!(auto.map(|r| r.mode()), Ok("nftables"));
         assert_eq!(
@@ -294,16 +337,16 @@ mod tests {
         let err = forced.map(|r| r.mode()).unwrap_err();
         assert!(err.contains("/nonexistent/cgroup"), "{err}");
         assert_eq!(
-            Redirector::new(Redirect::Nftables, &dir, nowhere, &record("c")).map(|r| r.mode()),
+            new(Redirect::Nftables, &dir, nowhere, &record("c")).map(|r| r.mode()),
             Ok("nftables")
         );
         assert_eq!(
-            Redirector::new(Redirect::None, &dir, nowhere, &record("d")).map(|r| r.mode()),
+            new(Redirect::None, &dir, nowhere, &record("d")).map(|r| r.mode()),
             Ok("none")
         );
         // A node whose pods an earlier run redirected with eBPF: auto does not fall back.
         std::fs::write(record("e"), "ebpf").unwrap_or_else(|e| panic!("{e}"));
-        let err = Redirector::new(Redirect::Auto, &dir, nowhere, &record("e"))
+        let err = new(Redirect::Auto, &dir, nowhere, &record("e"))
             .map(|r| r.mode())
             .unwrap_err();
         let _ = ambit_ebpf::remove_pinned(&dir);
