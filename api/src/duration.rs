@@ -4,18 +4,22 @@
 
 use std::time::Duration;
 
-/// Parses a duration; the error says what is accepted.
+/// Parses a duration; the error says what is accepted. A total over `u64::MAX`
+/// milliseconds (some 584 million years) is refused rather than rounded: saturated, it
+/// would be finer than a millisecond and print as text this function does not read, and
+/// `Instant::now()` plus it would overflow.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let bad = || {
         format!(
             "{s:?} is not a duration; use a number with a unit: ms, s, m, h or d (e.g. 24h, 90s)"
         )
     };
+    let too_long = || format!("{s:?} is too long a duration (at most {} ms)", u64::MAX);
     let s = s.trim();
     if s.is_empty() {
         return Err(bad());
     }
-    let mut total = Duration::ZERO;
+    let mut total_ms: u64 = 0;
     let mut rest = s;
     while !rest.is_empty() {
         let digits = rest
@@ -29,18 +33,21 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         let unit = rest
             .find(|c: char| c.is_ascii_digit())
             .unwrap_or(rest.len());
-        let part = match &rest[..unit] {
-            "ms" => Duration::from_millis(n),
-            "s" => Duration::from_secs(n),
-            "m" => Duration::from_secs(n.saturating_mul(60)),
-            "h" => Duration::from_secs(n.saturating_mul(3600)),
-            "d" => Duration::from_secs(n.saturating_mul(86400)),
+        let unit_ms: u64 = match &rest[..unit] {
+            "ms" => 1,
+            "s" => 1000,
+            "m" => 60_000,
+            "h" => 3_600_000,
+            "d" => 86_400_000,
             _ => return Err(bad()),
         };
-        total = total.saturating_add(part);
+        total_ms = n
+            .checked_mul(unit_ms)
+            .and_then(|part| total_ms.checked_add(part))
+            .ok_or_else(too_long)?;
         rest = &rest[unit..];
     }
-    Ok(total)
+    Ok(Duration::from_millis(total_ms))
 }
 
 /// Formats a duration the way [`parse_duration`] reads it.
@@ -119,6 +126,28 @@ mod tests {
         assert_eq!(parse_duration("1h30m"), Ok(Duration::from_secs(5400)));
         assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
         assert_eq!(format_duration(Duration::from_secs(5400)), "90m");
+    }
+
+    #[test]
+    fn a_duration_past_u64_milliseconds_is_refused_not_saturated() {
+        // Found by the `duration` fuzz target: saturating to Duration::MAX gave a value
+        // finer than a millisecond, which format_duration printed as text that does not
+        // parse (and Instant::now() + it would overflow).
+        let max = "18446744073709551615ms";
+        let d = parse_duration(max).unwrap();
+        assert_eq!(d, Duration::from_millis(u64::MAX));
+        assert_eq!(parse_duration(&format_duration(d)), Ok(d));
+        let near = parse_duration("18446744073709551s").unwrap();
+        assert_eq!(parse_duration(&format_duration(near)), Ok(near));
+        for over in [
+            "18446744073709552s",
+            "18446744073709551615ms1ms",
+            "99999999999999999h",
+            "60h52h525525225525252552h5h2h525252552h5h2h",
+        ] {
+            let err = parse_duration(over).unwrap_err();
+            assert!(err.contains("too long"), "{over}: {err}");
+        }
     }
 
     #[test]
