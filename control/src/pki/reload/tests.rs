@@ -149,6 +149,7 @@ fn the_three_steps_of_a_rotation_are_taken_and_new_certificates_come_from_the_ne
     assert_eq!(reloads(&metrics, Outcome::Error), 0);
 
     let mut registry = Registry::default();
+    registry.register("identity_ca_reloads", "", metrics.reloads.clone());
     registry.register("a", "", metrics.anchors.clone());
     registry.register("i", "", metrics.issuer.clone());
     let mut text = String::new();
@@ -159,6 +160,10 @@ fn the_three_steps_of_a_rotation_are_taken_and_new_certificates_come_from_the_ne
     );
     assert!(
         text.contains(&new_root) && !text.contains(&old_root),
+        "{text}"
+    );
+    assert!(
+        text.contains("identity_ca_reloads_total{result=\"ok\"} 3"),
         "{text}"
     );
     assert!(

@@ -111,6 +111,14 @@ fn a_bad_file_is_refused_counted_and_shown_and_the_roots_in_use_stay() {
         assert!(trusts(&s.bundle, &s.old), "{what}: the old roots stay");
         assert_eq!(s.bundle.anchors().len(), 1);
     }
+    let mut registry = Registry::default();
+    registry.register("trust_bundle_reloads", "", s.metrics.reloads.clone());
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    assert!(
+        text.contains("trust_bundle_reloads_total{result=\"error\"} 4"),
+        "{text}"
+    );
     let dump = s.reloader.config_dump(Arc::new(|| json!({})))();
     let error = dump["trust_bundle"]["last_error"].as_str().unwrap();
     assert!(error.contains("No such file"), "{error}");
