@@ -107,3 +107,14 @@ impl Redirection {
         self.inpod.keys().filter_map(Result::ok).collect()
     }
 }
+
+/// The sockets paired in the `INPOD_SOCKETS` map pinned under `pin_dir`, read without
+/// loading anything (what a running proxy has paired: for tests and diagnostics).
+pub fn pinned_pairs(pin_dir: &Path) -> Result<Vec<SockKey>, Error> {
+    let path = pin_dir.join(maps::INPOD_SOCKETS);
+    let data = aya::maps::MapData::from_pin(&path).map_err(map_err(maps::INPOD_SOCKETS))?;
+    let map: aya::maps::SockHash<_, SockKey> =
+        aya::maps::SockHash::try_from(aya::maps::Map::SockHash(data))
+            .map_err(map_err(maps::INPOD_SOCKETS))?;
+    Ok(map.keys().filter_map(Result::ok).collect())
+}

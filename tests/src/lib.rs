@@ -18,6 +18,7 @@ pub mod kube;
 pub mod load;
 pub mod netns;
 pub mod policy;
+pub mod sockmap;
 pub mod testapp;
 
 use ambit_control::config::Config;
@@ -467,6 +468,8 @@ pub fn proxy_config(
     config.cni_add_timeout = Duration::from_secs(10);
     // The real /proc: running pods are enrolled from it (tests/tests/enrol.rs).
     config.proc_root = PathBuf::from("/proc");
+    // AMBIT_TEST_SOCKMAP=on: eBPF redirection with sockmap (tests/src/sockmap.rs).
+    sockmap::apply(&mut config);
     config
 }
 
