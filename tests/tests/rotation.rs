@@ -23,12 +23,11 @@
 use ambit_api::WorkloadIdentity;
 use ambit_control::pki::generate::{issuer, trust_anchor, CaMaterial, Validity};
 use ambit_control::pki::{CaConfig, CaFiles, CertificateAuthority};
+use ambit_e2e::load::{until_served, Client};
 use ambit_e2e::netns::Topology;
 use ambit_e2e::{http_get, metric_sum, testapp, ControlPlane, NetnsHandles, NodeProxy, NAMESPACES};
 use ambit_proxy::netns::Netns;
 use ambit_proxy::tls::{sha256_hex, SpiffeServerVerifier, TrustBundle};
-use bytes::Bytes;
-use http_body_util::{BodyExt, Empty};
 use rustls::sign::CertifiedKey;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
@@ -36,8 +35,8 @@ use serde_json::Value;
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::watch;
@@ -81,122 +80,6 @@ fn cluster(t: &Topology) -> String {
         pod("probe", "node-a"),
         pod("server", "node-b")
     )
-}
-
-type Sender = hyper::client::conn::http1::SendRequest<Empty<Bytes>>;
-
-async fn connect(netns: &Netns, dst: SocketAddr) -> Result<Sender, String> {
-    let stream = tokio::time::timeout(Duration::from_secs(5), netns.connect(dst, 0))
-        .await
-        .map_err(|_| "connect timed out".to_string())?
-        .map_err(|e| format!("connect: {e}"))?;
-    let (send, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-        .await
-        .map_err(|e| format!("handshake: {e}"))?;
-    tokio::spawn(conn);
-    Ok(send)
-}
-
-/// One GET: the status, and whether the server asked to close the connection.
-async fn get(send: &mut Sender, host: &str) -> Result<(u16, bool), String> {
-    let req = http::Request::get("/")
-        .header("host", host)
-        .body(Empty::new())
-        .unwrap();
-    let resp = tokio::time::timeout(Duration::from_secs(5), send.send_request(req))
-        .await
-        .map_err(|_| "no response in 5 s".to_string())?
-        .map_err(|e| format!("request: {e}"))?;
-    let close = resp
-        .headers()
-        .get(http::header::CONNECTION)
-        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"close"));
-    let status = resp.status().as_u16();
-    resp.into_body()
-        .collect()
-        .await
-        .map_err(|e| format!("body: {e}"))?;
-    Ok((status, close))
-}
-
-/// What a client at a fixed rate saw, per phase.
-#[derive(Default)]
-struct Load {
-    ok: [AtomicU64; PHASES.len()],
-    failed: Mutex<Vec<(Phase, String)>>,
-}
-
-impl Load {
-    fn ok(&self, phase: Phase) -> u64 {
-        self.ok[phase as usize].load(Ordering::Relaxed)
-    }
-
-    fn failed(&self, phase: Phase) -> Vec<String> {
-        let failed = self.failed.lock().unwrap();
-        failed
-            .iter()
-            .filter(|(p, _)| *p == phase)
-            .map(|(_, e)| e.clone())
-            .collect()
-    }
-}
-
-/// GETs from the pod at `netns` to `dst` every `every` until `stop`, each counted in the
-/// phase current when it started: over one keep-alive connection (replaced when the server
-/// closes it, as a client's pool does) or a new connection per request. Anything but a
-/// 200 is a failure.
-fn load(
-    netns: PathBuf,
-    dst: SocketAddr,
-    (keepalive, every): (bool, Duration),
-    phase: Arc<AtomicUsize>,
-    stop: watch::Receiver<bool>,
-) -> Arc<Load> {
-    let seen = Arc::new(Load::default());
-    let counts = seen.clone();
-    tokio::spawn(async move {
-        let netns = Netns::open(&netns).unwrap();
-        let host = dst.to_string();
-        let mut tick = tokio::time::interval(every);
-        let mut conn: Option<Sender> = None;
-        while !*stop.borrow() {
-            tick.tick().await;
-            let now = PHASES[phase.load(Ordering::SeqCst)];
-            let fail = |e: String| counts.failed.lock().unwrap().push((now, e));
-            if let Some(send) = &mut conn {
-                if send.ready().await.is_err() {
-                    conn = None;
-                }
-            }
-            let send = match &mut conn {
-                Some(send) => send,
-                None => match connect(&netns, dst).await {
-                    Ok(send) => conn.insert(send),
-                    Err(e) => {
-                        fail(e);
-                        continue;
-                    }
-                },
-            };
-            match get(send, &host).await {
-                Ok((200, close)) => {
-                    counts.ok[now as usize].fetch_add(1, Ordering::Relaxed);
-                    if close || !keepalive {
-                        conn = None;
-                    }
-                }
-                Ok((status, _)) => {
-                    fail(format!("status {status}"));
-                    conn = None;
-                }
-                Err(e) => {
-                    fail(e);
-                    conn = None;
-                }
-            }
-        }
-    });
-    seen
 }
 
 /// Waits (a minute at most) until `check` holds; `what` names it if never.
@@ -443,7 +326,7 @@ async fn the_trust_anchor_and_issuer_rotate_under_load_without_a_failed_request_
     let _seen = testapp::serve(&server_ns, 8080, "server").await;
     let server = SocketAddr::new(t.pod("server").ip.into(), 8080);
     let id = |sa: &str| WorkloadIdentity::new("cluster.local", "shop", sa).unwrap();
-    until_served(&t, server).await;
+    until_served(Path::new(&t.pod("client").path()), server).await;
 
     let (old_root, old_issuer) = (cp.root.clone(), cp.issuer.clone());
     let lasting = |days: u64| Validity::starting_now(Duration::from_secs(86_400 * days));
@@ -489,37 +372,27 @@ async fn the_trust_anchor_and_issuer_rotate_under_load_without_a_failed_request_
     let client = PathBuf::from(t.pod("client").path());
     let probe = PathBuf::from(t.pod("probe").path());
     let every = Duration::from_millis(50);
+    let start = |netns: &PathBuf, keepalive: bool, every: Duration| {
+        Client {
+            phase: phase.clone(),
+            phases: PHASES.len(),
+            ..Client::new(netns.clone(), server, keepalive, every)
+        }
+        .start(stop.clone())
+    };
     let loads = [
-        (
-            "keep-alive",
-            load(
-                client.clone(),
-                server,
-                (true, every),
-                phase.clone(),
-                stop.clone(),
-            ),
-        ),
-        (
-            "new connection per request",
-            load(client, server, (false, every), phase.clone(), stop.clone()),
-        ),
+        ("keep-alive", start(&client, true, every)),
+        ("new connection per request", start(&client, false, every)),
         (
             "probe, a new tunnel each time",
-            load(
-                probe,
-                server,
-                (false, Duration::from_millis(2500)),
-                phase.clone(),
-                stop.clone(),
-            ),
+            start(&probe, false, Duration::from_millis(2500)),
         ),
     ];
     // A phase lasts until each client has been served in it: 20 requests, 2 probes.
     let served_in = |p: Phase| {
         let loads = &loads;
         move || async move {
-            let counts: Vec<u64> = loads.iter().map(|(_, l)| l.ok(p)).collect();
+            let counts: Vec<u64> = loads.iter().map(|(_, l)| l.ok(p as usize)).collect();
             (counts[0] >= 20 && counts[1] >= 20 && counts[2] >= 2)
                 .then_some(())
                 .ok_or(format!("served in {p:?}: {counts:?}"))
@@ -661,11 +534,14 @@ async fn the_trust_anchor_and_issuer_rotate_under_load_without_a_failed_request_
     for (what, l) in &loads {
         let counts: Vec<_> = PHASES
             .iter()
-            .map(|p| format!("{p:?} {} ok, {} failed", l.ok(*p), l.failed(*p).len()))
+            .map(|p| {
+                let (ok, failed) = (l.ok(*p as usize), l.failed(*p as usize).len());
+                format!("{p:?} {ok} ok, {failed} failed")
+            })
             .collect();
         eprintln!("{what}: {}", counts.join("; "));
         for p in PHASES {
-            let failed = l.failed(p);
+            let failed = l.failed(p as usize);
             assert!(failed.is_empty(), "{what}, {p:?}: {failed:?}");
         }
     }
@@ -704,17 +580,4 @@ async fn the_trust_anchor_and_issuer_rotate_under_load_without_a_failed_request_
     std::mem::forget(server_ns);
     drop(probe_ns);
     drop(t);
-}
-
-/// Until a GET from the client pod to `server` is served.
-async fn until_served(t: &Topology, server: SocketAddr) {
-    let netns = Netns::open(Path::new(&t.pod("client").path())).unwrap();
-    until(&format!("{server} served"), || async {
-        let mut send = connect(&netns, server).await?;
-        match get(&mut send, &server.to_string()).await? {
-            (200, _) => Ok(()),
-            (status, _) => Err(format!("status {status}")),
-        }
-    })
-    .await;
 }
