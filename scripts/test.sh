@@ -43,5 +43,10 @@ log "cargo test"
 # The binaries the demo's end-to-end test (cli/tests/demo.rs) runs beside `ambit`.
 cargo build --locked -p ambit-control -p ambit-proxy
 cargo test --workspace --locked
+# The data-path suites again with sockmap on the in-pod hops (eBPF redirection, --sockmap
+# on: tests/src/sockmap.rs); about a minute.
+log "data-path suites with sockmap (AMBIT_TEST_SOCKMAP=on)"
+AMBIT_TEST_SOCKMAP=on cargo test --locked -p ambit-e2e --test datapath --test http \
+    --test redirection --test handover --test routes --test sockmap
 
 log "all checks passed"
