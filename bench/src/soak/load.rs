@@ -70,7 +70,7 @@ pub struct LoadArgs {
     #[arg(long, default_value_t = 20.0)]
     pub rate: f64,
     /// Seconds each long opaque stream lasts before it is closed and opened again.
-    #[arg(long, default_value_t = 60)]
+    #[arg(long, default_value_t = 55)]
     pub stream_secs: u64,
 }
 

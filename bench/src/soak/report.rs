@@ -34,6 +34,13 @@ fn process_row(node: &str, samples: &[&Sample], i: usize) -> String {
     let mins: Vec<f64> = samples.iter().map(|s| s.t / 60.0).collect();
     let rss: Vec<f64> = samples.iter().map(|s| n(s).usage.rss_kib as f64).collect();
     let fds: Vec<f64> = samples.iter().map(|s| n(s).usage.fds as f64).collect();
+    // The trend once warm: a new process's first minute (its heap and pools filling) would
+    // dominate a slope over a few minutes' life.
+    let warm = mins
+        .iter()
+        .position(|m| *m >= mins[0] + 1.0)
+        .unwrap_or(mins.len());
+    let trend = |v: &[f64]| slope(&mins[warm..], &v[warm..]);
     let max = |v: &[f64]| v.iter().cloned().fold(0.0, f64::max);
     let secs = last.t - first.t;
     let cpu = if secs > 0.0 {
@@ -52,11 +59,11 @@ fn process_row(node: &str, samples: &[&Sample], i: usize) -> String {
         mib(rss[0]),
         mib(rss[rss.len() - 1]),
         mib(max(&rss)),
-        slope(&mins, &rss),
+        trend(&rss),
         fds[0],
         fds[fds.len() - 1],
         max(&fds),
-        slope(&mins, &fds),
+        trend(&fds),
     )
 }
 
@@ -100,7 +107,7 @@ pub fn summary(soak: &Soak) -> String {
         get(&st.restarts),
         get(&st.restarts_failed),
     );
-    s += "| node | proxy (generation) | minutes | samples | RSS MiB first → last | RSS max | RSS slope KiB/min | fds first → last | fds max | fds slope /min | CPU % |\n";
+    s += "| node | proxy (generation) | minutes | samples | RSS MiB first → last | RSS max | RSS slope KiB/min¹ | fds first → last | fds max | fds slope /min¹ | CPU % |\n";
     s += "|---|---|---|---:|---|---:|---:|---|---:|---:|---:|\n";
     let samples = lock(&soak.samples).clone();
     for (i, node) in ["node-a", "node-b"].iter().enumerate() {
@@ -114,6 +121,7 @@ pub fn summary(soak: &Soak) -> String {
             s += &process_row(node, &of, i);
         }
     }
+    s += "\n¹ Least squares over the process's samples after its first minute.\n";
     if let (Some(f), Some(l)) = (samples.first(), samples.last()) {
         let secs = (l.t - f.t).max(1.0);
         let _ = writeln!(

@@ -40,8 +40,9 @@ pub struct RunArgs {
     /// Requests per second of each HTTP and gRPC kind, per client pod.
     #[arg(long, default_value_t = 20.0)]
     pub rate: f64,
-    /// Seconds each long opaque stream lasts.
-    #[arg(long, default_value_t = 60)]
+    /// Seconds each long opaque stream lasts (not a divisor of the restart period, so
+    /// that streams span the hand-overs at ever different points).
+    #[arg(long, default_value_t = 55)]
     pub stream_secs: u64,
     /// The proxies' `--shutdown-grace-period` (longer than a long stream, which a
     /// draining proxy would otherwise cut).
