@@ -265,9 +265,13 @@ impl ValueMatch {
     }
 }
 
-/// A regex that must match the whole value.
+/// A regex that must match the whole value. `r` must be a regex on its own: one that only
+/// parses inside the anchoring group (`a)|(.*`) would close it early and match far more
+/// than it says.
 fn whole(r: &str) -> Result<Regex, String> {
-    Regex::new(&format!("^(?:{r})$")).map_err(|e| format!("regular expression {r:?}: {e}"))
+    let bad = |e: regex::Error| format!("regular expression {r:?}: {e}");
+    Regex::new(r).map_err(bad)?;
+    Regex::new(&format!("^(?:{r})$")).map_err(bad)
 }
 
 impl Matcher {

@@ -226,6 +226,19 @@ fn anything_that_does_not_parse_refuses_the_whole_service_with_where() {
             "regular expression",
         ),
         (
+            // Not a regex on its own: inside `^(?:…)$` it would close the group and match
+            // every path (found by the policy_update fuzz target's invariant).
+            rule(
+                "r",
+                Some(pb::RequestMatch {
+                    path: path(Kind::Regex("/public)|(.*".into())),
+                    ..Default::default()
+                }),
+                &[],
+            ),
+            "regular expression",
+        ),
+        (
             rule(
                 "r",
                 Some(pb::RequestMatch {

@@ -194,12 +194,18 @@ fn values(
     Ok(out)
 }
 
-/// Compiles `pattern` (anchored, as the proxy matches it) to refuse a bad one.
+/// Compiles `pattern` (anchored, as the proxy matches it) to refuse a bad one. It must be
+/// a regex on its own too: one that only parses inside the anchoring group (`a)|(.*`)
+/// would close it early and match far more than it says.
 fn regex(pattern: &str, object: &str, field: &str) -> Result<(), ConvertError> {
-    regex::RegexBuilder::new(&format!("^(?:{pattern})$"))
-        .size_limit(REGEX_SIZE_LIMIT)
-        .build()
-        .map(drop)
+    let build = |p: &str| {
+        regex::RegexBuilder::new(p)
+            .size_limit(REGEX_SIZE_LIMIT)
+            .build()
+            .map(drop)
+    };
+    build(pattern)
+        .and_then(|()| build(&format!("^(?:{pattern})$")))
         .map_err(|e| {
             let first = e.to_string();
             let first = first.lines().last().unwrap_or("invalid").trim().to_string();

@@ -162,6 +162,10 @@ fn each_bad_value_is_refused_by_field() {
         (format!("{{{p}rules: [{{matches: [{{path: {{type: Exact, value: 'a'}}}}]}}]}}"), "spec.rules[0].matches[0].path.value", "must start with '/'"),
         (format!("{{{p}rules: [{{matches: [{{path: {{type: Glob, value: '/a'}}}}]}}]}}"), "spec.rules[0].matches[0].path.type", "Exact, PathPrefix or RegularExpression"),
         (format!("{{{p}rules: [{{matches: [{{headers: [{{type: RegularExpression, name: x, value: '['}}]}}]}}]}}"), "spec.rules[0].matches[0].headers[0].value", "not a regular expression"),
+        // Found by the policy_objects fuzz target: only a regex inside `^(?:…)$`, where it
+        // closed the group and matched every path.
+        (format!("{{{p}rules: [{{matches: [{{path: {{type: RegularExpression, value: '/public)|(.*'}}}}]}}]}}"), "spec.rules[0].matches[0].path.value", "not a regular expression"),
+        (format!("{{{p}rules: [{{matches: [{{queryParams: [{{type: RegularExpression, name: q, value: 'a)(?x)#'}}]}}]}}]}}"), "spec.rules[0].matches[0].queryParams[0].value", "not a regular expression"),
         (format!("{{{p}rules: [{{matches: [{{headers: [{{name: 'x y', value: a}}]}}]}}]}}"), "spec.rules[0].matches[0].headers[0].name", "not a header name"),
         (format!("{{{p}rules: [{{matches: [{{queryParams: [{{name: q}}]}}]}}]}}"), "spec.rules[0].matches[0].queryParams[0].value", "required"),
         (format!("{{{p}rules: [{{matches: [{{method: get}}]}}]}}"), "spec.rules[0].matches[0].method", "not a method"),
