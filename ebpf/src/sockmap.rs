@@ -8,7 +8,7 @@
 //! root cgroup.
 
 use crate::{io_err, map_err, program_mut, sys, Error, Redirection};
-use ambit_ebpf_common::{maps, programs, SockKey, SETTING_SOCKMAP};
+use ambit_ebpf_common::{maps, programs, SockKey, SETTING_SOCKMAP, SOCKMAP_BUDGET};
 use aya::programs::SkMsg;
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
@@ -47,7 +47,7 @@ impl Redirection {
     /// `INPOD_SOCKETS` (it stays with the pinned map, a later attach replaces it), the
     /// proxy's own sockets are brought under `sockops` (see [`ProxyCoverage`]; `cgroup` is
     /// where [`Self::attach_cgroup`] attached the programs), and the switch in `SETTINGS`
-    /// is set. Connections made before keep the path they had.
+    /// is set, with the default budget. Connections made before keep the path they had.
     pub fn enable_sockmap(&mut self, cgroup: &Path) -> Result<ProxyCoverage, Error> {
         let own = sys::own_cgroup_dir().map_err(io_err("finding the proxy's cgroup v2"))?;
         let coverage = if covered(&own, cgroup) {
@@ -85,8 +85,18 @@ impl Redirection {
                 self.own_sockops = Some(link);
             }
         }
+        self.set_sockmap_budget(SOCKMAP_BUDGET)?;
         self.set_settings(SETTING_SOCKMAP)?;
         Ok(coverage)
+    }
+
+    /// How many bytes a paired socket may move by `sk_msg` before it goes back to TCP for
+    /// good (default [`SOCKMAP_BUDGET`]; for connections paired from now on and those
+    /// still within it).
+    pub fn set_sockmap_budget(&mut self, bytes: u32) -> Result<(), Error> {
+        self.settings
+            .set(1, bytes, 0)
+            .map_err(map_err(maps::SETTINGS))
     }
 
     /// Turns sockmap off for new connections (the switch in `SETTINGS`); connections
@@ -94,6 +104,13 @@ impl Redirection {
     pub fn disable_sockmap(&mut self) -> Result<(), Error> {
         self.own_sockops = None;
         self.set_settings(0)
+    }
+
+    /// The bytes the paired socket `key` has moved by `sk_msg` so far.
+    pub fn sockmap_redirected(&self, key: &SockKey) -> Option<u64> {
+        let counts: aya::maps::HashMap<_, SockKey, u64> =
+            aya::maps::HashMap::try_from(self.ebpf.map(maps::REDIRECTED)?).ok()?;
+        counts.get(key, 0).ok()
     }
 
     fn set_settings(&mut self, flags: u32) -> Result<(), Error> {

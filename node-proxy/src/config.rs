@@ -152,9 +152,9 @@ pub struct Config {
     #[arg(long, env = env::REDIRECT, value_enum, default_value = "auto")]
     pub redirect: crate::proxy::Redirect,
     /// With eBPF redirection, move the bytes of the in-pod hops (application ↔ proxy)
-    /// between the two sockets with sk_msg, past the loopback TCP stack. Off by default:
-    /// such a hop has no backpressure and `splice(2)` cannot read it (docs/ARCHITECTURE.md,
-    /// "Redirection").
+    /// between the two sockets with sk_msg, past the loopback TCP stack, for the first
+    /// 4 MiB each way of a connection. Off by default: `splice(2)` cannot read such a hop
+    /// (docs/ARCHITECTURE.md, "Redirection").
     #[arg(long, env = env::SOCKMAP, value_enum, default_value = "off")]
     pub sockmap: crate::proxy::redirect::Sockmap,
     /// Where the eBPF maps and links are pinned (on bpffs); they outlive the proxy, so a

@@ -33,6 +33,13 @@ pub const LISTENER_PLAIN: u32 = 1;
 /// the `sk_msg` program moves their bytes from one to the other.
 pub const SETTING_SOCKMAP: u32 = 1;
 
+/// Bytes a socket may move by `sk_msg` over its life (the default of `SETTINGS[1]`): past
+/// it, it goes back to TCP for good, and TCP's windows hold it back. A redirected hop has
+/// no backpressure, and the kernel does not say what the peer has read (that takes a
+/// tracing program, which nodes may refuse), so this is what bounds the bytes a reader can
+/// have queued and unread — to about what TCP itself lets a writer queue.
+pub const SOCKMAP_BUDGET: u32 = 4 << 20;
+
 /// Map names, as the programs declare them and the loader finds them (and pins them under
 /// the pin directory with these names).
 pub mod maps {
@@ -49,7 +56,8 @@ pub mod maps {
     /// Index 0 → the node proxy's cgroup v2 id: only its sockets may skip redirection by
     /// the proxy's mark (any process with `CAP_NET_RAW` can set a mark).
     pub const PROXY_CGROUP: &str = "AMBIT_PROXY_CGROUP";
-    /// Index 0 → the `SETTING_*` bits the loader sets (the switch for sockmap).
+    /// Index 0 → the `SETTING_*` bits the loader sets (the switch for sockmap); index 1 →
+    /// the bytes a socket may move by `sk_msg` ([`super::SOCKMAP_BUDGET`]).
     pub const SETTINGS: &str = "AMBIT_SETTINGS";
     /// [`super::SockKey`] → a socket of an in-pod hop (a SOCKHASH the `sk_msg` program is
     /// attached to): the application's and the proxy's ends of the same connection.
@@ -60,6 +68,8 @@ pub mod maps {
     /// [`super::SockKey`] → 1: the application's end of a connection the proxy opened to
     /// it (delivery from the pod's own address), expected by `sockops`.
     pub const EXPECTED_PEERS: &str = "AMBIT_EXPECTED_PEERS";
+    /// [`super::SockKey`] → bytes that paired socket has moved by `sk_msg` so far.
+    pub const REDIRECTED: &str = "AMBIT_REDIRECTED";
 }
 
 /// Program names, as the programs' functions are called.

@@ -13,7 +13,9 @@
 //! - `ambit_sk_msg` (`sk_msg`, on `INPOD_SOCKETS`): bytes an end of an in-pod hop sends go
 //!   straight into its peer's receive queue, past the loopback TCP stack; when the peer is
 //!   not in the map the bytes take TCP (`SK_PASS`, never `SK_DROP`), and that socket keeps
-//!   to TCP from then on, so that no later byte overtakes them.
+//!   to TCP from then on, so that no later byte overtakes them; so does a socket that has
+//!   moved its budget (a redirected hop has no backpressure: the budget bounds what a
+//!   reader can have queued).
 //! - `ambit_sk_lookup` (`sk_lookup`, one link per meshed pod netns): TCP for the pod's own
 //!   addresses goes to the proxy's in-pod listener — 4143 for the mesh port, 4144 for
 //!   everything else — except skip-inbound ports and connections from the pod to itself;

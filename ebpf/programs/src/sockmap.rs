@@ -11,11 +11,16 @@
 //!   answers `SK_PASS` whatever it says, or the bytes would be lost;
 //! - a peer that arrives in the map after bytes went to it by TCP would read later,
 //!   redirected bytes first (`tcp_bpf_recvmsg` serves its ingress queue before the TCP
-//!   receive queue): a socket that sent by TCP once is marked in `PASSED` and keeps to TCP.
+//!   receive queue): a socket that sent by TCP once is marked in `PASSED` and keeps to TCP;
+//! - a redirected hop has no backpressure (the sender's memory is handed to the peer's
+//!   ingress queue, bounded only by the node's TCP memory: an iperf3 upload through a
+//!   proxy got `ENOMEM` that way), and what the peer has read is not known here: each
+//!   socket may move `SETTINGS[1]` bytes (its budget, counted in `REDIRECTED`), then goes
+//!   back to TCP for good. That order is safe: the ingress queue, older, is read first.
 
 use crate::{is_loopback, read, read6, v4_mapped, MESHED_NETNS};
 use ambit_ebpf_common::{
-    SockKey, FAMILY_V4, FAMILY_V6, OUTBOUND_PORT, PROXY_MARK, SETTING_SOCKMAP,
+    SockKey, FAMILY_V4, FAMILY_V6, OUTBOUND_PORT, PROXY_MARK, SETTING_SOCKMAP, SOCKMAP_BUDGET,
 };
 use aya_ebpf::{
     bindings::{sk_action, BPF_F_INGRESS},
@@ -29,9 +34,9 @@ use core::ptr::addr_of;
 
 const AF_INET: u32 = 2;
 
-/// `SETTING_*` bits (index 0), written by the loader.
+/// `SETTING_*` bits (index 0) and the budget (index 1), written by the loader.
 #[map(name = "AMBIT_SETTINGS")]
-static SETTINGS: Array<u32> = Array::pinned(1, 0);
+static SETTINGS: Array<u32> = Array::pinned(2, 0);
 
 #[map(name = "AMBIT_INPOD_SOCKETS")]
 static INPOD_SOCKETS: SockHash<SockKey> = SockHash::pinned(65536, 0);
@@ -41,6 +46,11 @@ static PASSED: LruHashMap<SockKey, u32> = LruHashMap::pinned(65536, 0);
 
 #[map(name = "AMBIT_EXPECTED_PEERS")]
 static EXPECTED_PEERS: LruHashMap<SockKey, u32> = LruHashMap::pinned(16384, 0);
+
+/// Only the socket's own `sk_msg` runs update its count, one at a time (under the
+/// socket's lock).
+#[map(name = "AMBIT_REDIRECTED")]
+static REDIRECTED: LruHashMap<SockKey, u64> = LruHashMap::pinned(65536, 0);
 
 /// A key's addresses as the kernel hands them over, made family-neutral: a v4-mapped IPv6
 /// address becomes the IPv4 one (its peer may be an IPv4 socket).
@@ -156,8 +166,18 @@ fn insert(ctx: &SockOpsContext, key: &mut SockKey) {
     let _ = PASSED.remove(key);
     // SAFETY: the context pointer is valid for the whole program run.
     let ops = unsafe { &mut *ctx.ops };
-    // A full map leaves the socket out: its bytes, and its peer's, take TCP.
-    let _ = INPOD_SOCKETS.update(key, ops, 0);
+    // A full map leaves the socket out: its bytes, and its peer's, take TCP. A socket
+    // whose count cannot be kept never redirects (see `forward`).
+    if INPOD_SOCKETS.update(key, ops, 0).is_ok() {
+        let _ = REDIRECTED.insert(key, &0, 0);
+    }
+}
+
+fn budget() -> u64 {
+    match SETTINGS.get(1) {
+        Some(&n) if n != 0 => u64::from(n),
+        _ => u64::from(SOCKMAP_BUDGET),
+    }
 }
 
 /// The `sk_msg` verdict for bytes a socket of `INPOD_SOCKETS` sends.
@@ -196,12 +216,26 @@ pub fn forward(ctx: &SkMsgContext) -> u32 {
         return sk_action::SK_PASS;
     }
     let mut peer = key.peer();
-    let redirected = INPOD_SOCKETS.redirect_msg(ctx, &mut peer, u64::from(BPF_F_INGRESS));
-    if redirected != i64::from(sk_action::SK_PASS) {
-        // No peer (not paired, or gone): these bytes go by TCP, and so will every later
-        // byte of this socket.
+    // SAFETY: `msg` is the program's context; read once.
+    let size = u64::from(unsafe { read(addr_of!((*msg).size)) });
+    let count = REDIRECTED.get_ptr_mut(&key);
+    // SAFETY: a map value, valid while the program runs, written only by this socket's
+    // runs (one at a time).
+    let spent = count.map(|c| unsafe { *c });
+    // No count (lost), the budget spent, or no peer (not paired, or gone): these bytes go
+    // by TCP, and so will every later byte of this socket — its reader gets the
+    // redirected ones first.
+    if spent.is_none_or(|n| n + size > budget())
+        || INPOD_SOCKETS.redirect_msg(ctx, &mut peer, u64::from(BPF_F_INGRESS))
+            != i64::from(sk_action::SK_PASS)
+    {
         let _ = PASSED.insert(&key, &1, 0);
+        // Never SK_DROP: that would lose the bytes.
+        return sk_action::SK_PASS;
     }
-    // Never SK_DROP: that would lose the bytes.
+    if let (Some(c), Some(n)) = (count, spent) {
+        // SAFETY: as above.
+        unsafe { *c = n + size };
+    }
     sk_action::SK_PASS
 }

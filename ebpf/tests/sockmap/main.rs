@@ -3,9 +3,10 @@
 //! missing peer costing nothing but the shortcut (`SK_PASS`), `sendfile`, half-close, and
 //! no entry left behind — with the "application" and the "proxy" as sockets of this
 //! process in a pod netns and a cgroup made for each test (see `lab.rs`). `TCP_INFO` tells
-//! whether TCP carried the bytes or `sk_msg` did. Also pinned here: the two limits found
-//! on this kernel (no backpressure across a redirected hop; `splice` cannot read
-//! redirected bytes), which are why sockmap is off by default. Runs as root.
+//! whether TCP carried the bytes or `sk_msg` did. And what this kernel lacks: backpressure
+//! across a redirected hop (bounded here by a budget per socket, after which it goes back
+//! to TCP), and `splice` of redirected bytes (not handled: why sockmap is off by default).
+//! Runs as root.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 // The kernel calls the tests need (sendfile, splice), each with its SAFETY line.
@@ -46,7 +47,11 @@ fn tcp_carried_nothing(s: &TcpStream) -> bool {
 fn both_in_pod_hops_move_bytes_past_tcp_in_both_directions_and_not_when_off() {
     let (up, down) = (pattern(8 * MIB, 1), pattern(8 * MIB, 2));
     for on in [true, false] {
-        let lab = Lab::new("bulk", on);
+        let mut lab = Lab::new("bulk", on);
+        // Both hops both ways for 8 MiB: past the default budget (see its test).
+        if on {
+            lab.r.set_sockmap_budget(u32::MAX).unwrap();
+        }
         // Outbound: the application's redirected connection and the proxy's socket on 4140.
         let (app, proxy) = lab.outbound_hop();
         assert_eq!(lab.both_paired(&app), on, "outbound hop paired");
@@ -226,7 +231,9 @@ fn sendfile_all(out: &TcpStream, file: &std::fs::File, len: usize) {
 
 #[test]
 fn sendfile_between_writes_arrives_whole_and_in_order_both_ways() {
-    let lab = Lab::new("sendfile", true);
+    let mut lab = Lab::new("sendfile", true);
+    // 5 MiB each way: past the default budget (see its test).
+    lab.r.set_sockmap_budget(u32::MAX).unwrap();
     let body = pattern(5 * MIB + 123, 4);
     let path = std::env::temp_dir().join(format!("ambit-sockmap-{}", std::process::id()));
     std::fs::write(&path, &body).unwrap();
@@ -396,37 +403,93 @@ print(len(got))
     assert!(tcp_carried_nothing(&proxy), "{:?}", tcp_bytes(&proxy));
 }
 
-/// The two limits of sockmap on this kernel, measured, which keep it off by default: a
-/// reader that does not read does not hold its peer back (the queue grows without the
-/// bound TCP's windows and buffers set), and `splice` cannot read what was redirected.
-/// Should a kernel change either, this test says so.
-#[test]
-fn known_limits_no_backpressure_and_no_splice_read() {
-    const CAP: usize = 64 * MIB;
-    for on in [false, true] {
-        let lab = Lab::new("limits", on);
-        let (mut app, mut proxy) = lab.outbound_hop();
-        app.set_nonblocking(true).unwrap();
-        let chunk = vec![7u8; 65536];
-        let mut queued = 0;
-        while queued < CAP {
-            match app.write(&chunk) {
-                Ok(n) => queued += n,
-                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
-                Err(e) => panic!("after {queued}: {e}"),
-            }
+/// Fills `s` without reading the other end, up to `cap` bytes: how much it took before
+/// `EAGAIN`, in a pattern that shows any reordering.
+fn fill(s: &mut TcpStream, cap: usize) -> usize {
+    s.set_nonblocking(true).unwrap();
+    let data = pattern(cap, 8);
+    let mut queued = 0;
+    while queued < cap {
+        match s.write(&data[queued..(queued + 65536).min(cap)]) {
+            Ok(n) => queued += n,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+            Err(e) => panic!("after {queued}: {e}"),
         }
-        if on {
-            assert_eq!(queued, CAP, "no backpressure: {CAP} bytes taken, none read");
-        } else {
-            assert!(queued < 16 * MIB, "TCP holds the writer back at {queued}");
-        }
-        app.set_nonblocking(false).unwrap();
-        assert_eq!(read_n(&mut proxy, queued, LIMIT).len(), queued);
+    }
+    s.set_nonblocking(false).unwrap();
+    queued
+}
 
+/// The kernel gives a redirected hop no backpressure: a writer whose reader does not read
+/// has everything taken (64 MiB here, up to the node's TCP memory: an iperf3 upload
+/// through a proxy got `ENOMEM` that way). With the budget, a socket that has moved its
+/// 4 MiB by `sk_msg` goes back to TCP for good, and TCP holds it back; the reader gets
+/// every byte in order — the redirected ones first. The price: a reader that keeps up
+/// gets the rest by TCP too.
+#[test]
+fn a_socket_past_its_budget_goes_back_to_tcp_and_tcp_holds_it_back() {
+    const CAP: usize = 64 * MIB;
+    let budget = ambit_ebpf::common::SOCKMAP_BUDGET as usize;
+    let mut lab = Lab::new("budget", true);
+    // No reader.
+    let (mut app, mut proxy) = lab.outbound_hop();
+    let app_key = key_of(lab.netns_cookie, &app);
+    let queued = fill(&mut app, CAP);
+    assert!(queued < budget + 12 * MIB, "held back at {queued}");
+    let spent = lab.r.sockmap_redirected(&app_key).unwrap() as usize;
+    assert!(
+        spent <= budget && spent > budget - MIB,
+        "{spent} bytes by sk_msg"
+    );
+    assert!(
+        pinned_passed(&lab).get(&app_key, 0).is_ok(),
+        "the writer keeps to TCP"
+    );
+    assert!(
+        read_n(&mut proxy, queued, LIMIT) == pattern(CAP, 8)[..queued],
+        "in order"
+    );
+    assert_eq!(
+        tcp_bytes(&proxy).1 as usize,
+        queued - spent,
+        "the rest by TCP"
+    );
+    // The other way has a budget of its own, untouched.
+    proxy.write_all(b"still paired").unwrap();
+    assert_eq!(read_n(&mut app, 12, LIMIT), b"still paired");
+    assert_eq!(tcp_bytes(&app).1, 0, "{:?}", tcp_bytes(&app));
+
+    // A reader that keeps up: the first 4 MiB by sk_msg, the rest by TCP, all in order.
+    let (app, proxy) = lab.outbound_hop();
+    let data = pattern(3 * budget, 9);
+    let (at_proxy, _) = exchange(&app, &proxy, &data, b"");
+    assert!(at_proxy == data, "in order across the switch");
+    let by_tcp = tcp_bytes(&proxy).1 as usize;
+    assert!(
+        by_tcp >= 2 * budget && by_tcp < data.len(),
+        "{by_tcp} by TCP"
+    );
+
+    // Without the budget: no backpressure at all.
+    lab.r.set_sockmap_budget(u32::MAX).unwrap();
+    let (mut app, mut proxy) = lab.outbound_hop();
+    assert_eq!(fill(&mut app, CAP), CAP, "{CAP} bytes taken, none read");
+    assert_eq!(tcp_bytes(&proxy).1, 0);
+    assert!(read_n(&mut proxy, CAP, LIMIT) == pattern(CAP, 8));
+}
+
+/// `splice(2)` cannot read redirected bytes on this kernel: it answers `EAGAIN` while
+/// `read` gets them. An application that splices from its socket would stall — why
+/// sockmap is off by default. Should a kernel change that, this test says so.
+#[test]
+fn known_limit_splice_cannot_read_redirected_bytes() {
+    for on in [false, true] {
+        let lab = Lab::new("splice", on);
+        let (mut app, mut proxy) = lab.outbound_hop();
         app.write_all(b"spliced?").unwrap();
         std::thread::sleep(Duration::from_millis(50));
         let (pipe_r, pipe_w) = nix::unistd::pipe().unwrap();
+        proxy.set_nonblocking(true).unwrap();
         // SAFETY: both descriptors are open for the call; no offsets.
         let spliced = unsafe {
             libc::splice(
@@ -439,6 +502,7 @@ fn known_limits_no_backpressure_and_no_splice_read() {
             )
         };
         drop(pipe_r);
+        proxy.set_nonblocking(false).unwrap();
         if on {
             assert_eq!(spliced, -1, "splice sees nothing of the redirected bytes");
             assert_eq!(read_n(&mut proxy, 8, LIMIT), b"spliced?", "read does");

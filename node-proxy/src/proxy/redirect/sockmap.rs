@@ -5,10 +5,11 @@
 //! and the two ends of a hop could not be paired. The programs and their kernel tests are
 //! in `ebpf/` (`ebpf/tests/sockmap`).
 //!
-//! Off by default: on Linux 6.18 a redirected hop has no backpressure (a reader that does
-//! not read lets its peer queue without the bound TCP's windows set) and `splice(2)`
-//! cannot read redirected bytes (an application that splices from its socket would stall);
-//! docs/ARCHITECTURE.md ("Redirection") and BENCHMARKS.md say what it buys.
+//! Off by default: on Linux 6.18 `splice(2)` cannot read redirected bytes (an application
+//! that splices from its socket would stall), and a redirected hop has no backpressure —
+//! bounded by a budget of 4 MiB per socket, after which it goes back to TCP, so a
+//! connection is only sped up for its first 4 MiB each way. docs/ARCHITECTURE.md
+//! ("Redirection") and BENCHMARKS.md say what it buys.
 
 use ambit_ebpf::sockmap::ProxyCoverage;
 use ambit_ebpf::Redirection;
