@@ -262,8 +262,9 @@ impl Redirection {
             ebpf,
             pin_dir: pin_dir.to_path_buf(),
         };
-        // Loading parses the kernel's BTF (megabytes, freed at once); hand that memory
-        // back rather than keep it in the proxy's RSS for its whole life.
+        // Hand back what loading freed (the parsed object, the verifier's log buffers)
+        // rather than keep it in the proxy's RSS. The kernel's BTF is not parsed: the
+        // objects have no BTF relocations (aya as patched in vendor/aya).
         sys::release_free_memory();
         Ok(r)
     }
