@@ -203,6 +203,9 @@ impl Lifecycle {
     /// a stopped proxy fails closed).
     pub async fn run(mut self, shutdown: impl std::future::Future<Output = ()>) {
         tokio::pin!(shutdown);
+        // One `Shared` for every pod's accept loop and connections, rather than a copy
+        // (768 bytes) per pod.
+        let shared = Arc::new(self.shared.clone());
         let mut state = self.shared.state.clone();
         let mut served: BTreeMap<String, Served> = BTreeMap::new();
         let mut released = None;
@@ -267,7 +270,10 @@ impl Lifecycle {
                 }
                 let from_cni = cni.contains_key(key);
                 let handed = self.handover.handed.remove(key);
-                match self.open(w.clone(), from_cni, &served, handed).await {
+                match self
+                    .open(&shared, w.clone(), from_cni, &served, handed)
+                    .await
+                {
                     Ok((pod, from_handover)) => {
                         served.insert(
                             key.clone(),
@@ -383,6 +389,7 @@ impl Lifecycle {
     /// redirection; says whether the handed ones were taken.
     async fn open(
         &self,
+        shared: &Arc<crate::proxy::Shared>,
         workload: Arc<Workload>,
         from_cni: bool,
         served: &BTreeMap<String, Served>,
@@ -434,7 +441,7 @@ impl Lifecycle {
             fits.then_some(h.listeners)
         });
         let from_handover = handed.is_some();
-        let pod = crate::proxy::open(&self.shared, workload, netns, handed).await?;
+        let pod = crate::proxy::open(shared, workload, netns, handed).await?;
         Ok((pod, from_handover))
     }
 

@@ -3,9 +3,7 @@
 use super::authz::{self, Proto};
 use super::body::{self, Body};
 use super::http_metrics::ConnectionSeries;
-use super::{
-    relay, serve_each, PodContext, ProxyError, Shared, TrafficLabels, ERROR_HEADER, PROXY_MARK,
-};
+use super::{relay, PodContext, ProxyError, Shared, TrafficLabels, ERROR_HEADER, PROXY_MARK};
 use crate::policy::Client;
 use crate::tls::svid_identity;
 use ambit_api::WorkloadIdentity;
@@ -16,8 +14,7 @@ use rustls::sign::CertifiedKey;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
+use tokio::net::TcpStream;
 use tokio_rustls::TlsAcceptor;
 
 /// How long a client may take to complete the TLS handshake.
@@ -39,43 +36,25 @@ impl ResolvesServerCert for PodCert {
     }
 }
 
-fn acceptor(pod: &PodContext, shared: &Shared) -> Result<TlsAcceptor, rustls::Error> {
+/// The mesh port's TLS server: the pod's certificate, a client SVID required.
+pub(super) fn acceptor(pod: &PodContext, shared: &Shared) -> Result<TlsAcceptor, rustls::Error> {
     let resolver = Arc::new(PodCert {
         shared: shared.clone(),
         identity: pod.workload.identity.clone(),
     });
-    let config = crate::tls::server_config_with(&shared.bundle, resolver)?;
+    let mut config = crate::tls::server_config_with(&shared.bundle, resolver)?;
+    // No session resumption: a resumed session skips the client's certificate, so a peer
+    // could go on past its SVID's expiry or a trust-anchor rotation; tunnels are pooled and
+    // long-lived, so a full handshake costs nothing worth keeping. rustls' default, a
+    // 256-entry session cache per pod, was also 31 kB per pod (BENCHMARKS.md, "Memory:
+    // start-up peak and 1,000 pods").
+    config.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
+    config.send_tls13_tickets = 0;
     Ok(TlsAcceptor::from(Arc::new(config)))
 }
 
-pub(super) async fn serve_mesh(
-    listener: Arc<TcpListener>,
-    pod: Arc<PodContext>,
-    shared: Shared,
-    stop: watch::Receiver<bool>,
-) {
-    let acceptor = match acceptor(&pod, &shared) {
-        Ok(a) => a,
-        Err(error) => {
-            tracing::error!(%error, "cannot build the mesh TLS server");
-            return;
-        }
-    };
-    serve_each(
-        listener,
-        stop,
-        pod,
-        shared,
-        ("inbound", "inbound_mesh"),
-        move |stream, peer, pod, shared| {
-            let acceptor = acceptor.clone();
-            async move { mesh_connection(stream, peer, &pod, &shared, acceptor).await }
-        },
-    )
-    .await;
-}
-
-async fn mesh_connection(
+/// Serves one connection accepted on the mesh port (`super::accept`).
+pub(super) async fn mesh_connection(
     tcp: TcpStream,
     peer: SocketAddr,
     pod: &Arc<PodContext>,
@@ -277,27 +256,10 @@ async fn connect_stream(
     http::Response::new(body::empty())
 }
 
-pub(super) async fn serve_plain(
-    listener: Arc<TcpListener>,
-    pod: Arc<PodContext>,
-    shared: Shared,
-    stop: watch::Receiver<bool>,
-) {
-    serve_each(
-        listener,
-        stop,
-        pod,
-        shared,
-        ("inbound", "inbound_plain"),
-        |stream, peer, pod, shared| async move { plain_connection(stream, peer, &pod, &shared).await },
-    )
-    .await;
-}
-
 /// Plaintext from outside the mesh: authorized per connection, by the client's address;
 /// a denied one is closed — or, if it speaks HTTP, answered 403 per request but for the
 /// kubelet's probes ([`super::denied`]).
-async fn plain_connection(
+pub(super) async fn plain_connection(
     mut client: TcpStream,
     peer: SocketAddr,
     pod: &Arc<PodContext>,

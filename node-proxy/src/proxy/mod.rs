@@ -13,6 +13,7 @@
 //! HTTP/2 through the tunnel); everything else is relayed as opaque TCP in a CONNECT
 //! stream.
 
+mod accept;
 mod accrual;
 pub mod authz;
 mod balance;
@@ -278,7 +279,7 @@ impl PodContext {
 /// `handed`, the same listeners a running proxy handed over — then its redirection, and
 /// starts accepting.
 pub async fn open(
-    shared: &Shared,
+    shared: &Arc<Shared>,
     workload: Arc<Workload>,
     netns: Netns,
     handed: Option<Vec<PodListeners>>,
@@ -317,27 +318,13 @@ pub async fn open(
         stopped: stopped.clone(),
         budget: shared.limits.pod_budget(),
     });
-    let mut loops = Vec::new();
-    for l in &listeners {
-        loops.push(tokio::spawn(outbound::serve(
-            l.outbound.clone(),
-            pod.clone(),
-            shared.clone(),
-            stopped.clone(),
-        )));
-        loops.push(tokio::spawn(inbound::serve_mesh(
-            l.mesh.clone(),
-            pod.clone(),
-            shared.clone(),
-            stopped.clone(),
-        )));
-        loops.push(tokio::spawn(inbound::serve_plain(
-            l.plain.clone(),
-            pod.clone(),
-            shared.clone(),
-            stopped.clone(),
-        )));
-    }
+    // One task accepts on all the pod's listeners (`accept`).
+    let loops = vec![tokio::spawn(accept::serve_pod(
+        listeners.clone(),
+        pod.clone(),
+        shared.clone(),
+        stopped,
+    ))];
     Ok(ServedPod {
         pod,
         listeners,
@@ -458,88 +445,7 @@ where
     }
 }
 
-/// Accepts until `stop` turns true and runs `handle` on each connection in its own task,
-/// within the pod's and the node's connection budgets (`listener` names it in
-/// `tcp_connections_refused_total`); a failure is counted in `tcp_errors_total{direction}`
-/// and logged with the pod and peer.
-pub(crate) async fn serve_each<F, Fut>(
-    listener: Arc<tokio::net::TcpListener>,
-    stop: watch::Receiver<bool>,
-    pod: Arc<PodContext>,
-    shared: Shared,
-    (direction, name): (&'static str, &'static str),
-    handle: F,
-) where
-    F: Fn(tokio::net::TcpStream, SocketAddr, Arc<PodContext>, Shared) -> Fut,
-    Fut: std::future::Future<Output = Result<(), ProxyError>> + Send + 'static,
-{
-    let (limits, budget) = (shared.limits.clone(), pod.budget.clone());
-    let admit = move || limits.admit(name, Some(&budget));
-    accept_loop(listener, stop, admit, move |stream, peer| {
-        use tracing::Instrument;
-        // Every log line of the connection says whose it was; the destination is
-        // recorded once known (`record_dst`).
-        let span = tracing::info_span!(
-            "conn",
-            pod = %pod.workload.key(),
-            listener = name,
-            %peer,
-            dst = tracing::field::Empty,
-        );
-        let failed = handle(stream, peer, pod.clone(), shared.clone());
-        let shared = shared.clone();
-        async move {
-            if let Err(error) = failed.await {
-                shared.metrics.error(direction, error.kind());
-                if let Some(suppressed) = FAILURE_LOGS.take() {
-                    tracing::info!(direction, %error, suppressed, "connection failed");
-                }
-            }
-        }
-        .instrument(span)
-    })
-    .await;
-}
-
-/// Records a connection's destination in its span (see [`serve_each`]).
+/// Records a connection's destination in its span (see [`accept`]).
 pub(crate) fn record_dst(dst: SocketAddr) {
     tracing::Span::current().record("dst", tracing::field::display(dst));
-}
-
-/// Accepts until `stop` turns true, spawning `handle` per connection that `admit` lets in
-/// (the permit lives as long as the connection); one it refuses is closed at once.
-pub(crate) async fn accept_loop<F, Fut>(
-    listener: Arc<tokio::net::TcpListener>,
-    mut stop: watch::Receiver<bool>,
-    admit: impl Fn() -> Option<crate::limits::Admitted>,
-    handle: F,
-) where
-    F: Fn(tokio::net::TcpStream, SocketAddr) -> Fut,
-    Fut: std::future::Future<Output = ()> + Send + 'static,
-{
-    loop {
-        tokio::select! {
-            _ = async { drop(stop.wait_for(|s| *s).await) } => return,
-            accepted = listener.accept() => match accepted {
-                Ok((stream, peer)) => {
-                    let Some(permit) = admit() else {
-                        drop(stream);
-                        continue;
-                    };
-                    let _ = stream.set_nodelay(true);
-                    let _ = keepalive(&stream);
-                    let conn = handle(stream, peer);
-                    tokio::spawn(async move {
-                        conn.await;
-                        drop(permit);
-                    });
-                }
-                Err(error) => {
-                    // EMFILE and friends: back off briefly rather than spin.
-                    tracing::warn!(%error, "accept failed");
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                }
-            },
-        }
-    }
 }

@@ -4,29 +4,12 @@
 use super::detect::{detect, Protocol};
 use super::resolve::{settle, Resolved};
 use super::tunnel::Tunnel;
-use super::{relay, serve_each, PodContext, ProxyError, Shared, TrafficLabels, PROXY_MARK};
+use super::{relay, PodContext, ProxyError, Shared, TrafficLabels, PROXY_MARK};
 use std::sync::Arc;
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
+use tokio::net::TcpStream;
 
-pub(super) async fn serve(
-    listener: Arc<TcpListener>,
-    pod: Arc<PodContext>,
-    shared: Shared,
-    stop: watch::Receiver<bool>,
-) {
-    serve_each(
-        listener,
-        stop,
-        pod,
-        shared,
-        ("outbound", "outbound"),
-        |stream, _, pod, shared| async move { proxy(stream, &pod, &shared).await },
-    )
-    .await;
-}
-
-async fn proxy(
+/// Serves one connection accepted on the outbound listener (`super::accept`).
+pub(super) async fn proxy(
     client: TcpStream,
     pod: &Arc<PodContext>,
     shared: &Shared,
