@@ -3,6 +3,8 @@
 #
 #   sudo bench/mesh/run.sh [ROUNDS]        (default 3 rounds; ~8 minutes)
 #   REDIRECT=nftables sudo bench/mesh/run.sh   (default: ebpf)
+#   SOCKMAP=1 sudo bench/mesh/run.sh       (a fifth path: the mesh with --sockmap on)
+#   SOCKMAP=1 SOCKMAP_FLAG=off ...          (the same fifth path with it off: a control)
 #
 # Topology (network namespaces on a bridge, nothing leaves this machine):
 #   cli   meshed client pod on node-a  (redirected by its proxy: eBPF or nftables)
@@ -20,6 +22,12 @@
 #   policy  the mesh with policy in place: cli -> Service web (one HTTPRoute, one rule) ->
 #           proxy node-a -> proxy node-b -> srv2, whose port a Server selects and an
 #           AuthorizationPolicy (the client's identity) authorizes (HTTP only)
+#   sockmap (SOCKMAP=1) the mesh again through two more proxies (node-c, node-d) started
+#           with --sockmap on: cli3 -> proxy node-c -> proxy node-d -> srv3, the in-pod
+#           hops (client to its proxy, proxy to nginx/iperf3) by sk_msg instead of loopback
+#           TCP. Every proxy then runs in a cgroup below its node's (as on a node, where the
+#           programs hang off the root cgroup), so that sockops pairs their sockets too and
+#           the two mesh paths differ by the flag alone.
 # Each path runs oha keep-alive, oha new connection per request (not relay: socat forks per
 # connection) and iperf3 single stream. Results: bench/mesh/results/<timestamp>/ and a
 # summary on stdout. With eBPF, the programs attach to cgroups made for the run (never the
@@ -37,6 +45,8 @@ REDIRECT=${REDIRECT:-ebpf}
 WORK=$(scratch_dir ambit-bench)
 CG_ROOT=$(awk '$3 == "cgroup2" {print $2; exit}' /proc/mounts)
 CG_A=$CG_ROOT/$P-a CG_B=$CG_ROOT/$P-b CG_R=$CG_ROOT/$P-relay
+CG_C=$CG_ROOT/$P-c CG_D=$CG_ROOT/$P-d
+SOCKMAP=${SOCKMAP:-}
 OUT=$ROOT/bench/mesh/results/$(date -u +%Y%m%dT%H%M%SZ)
 mkdir -p "$OUT"
 PIDS=()
@@ -46,18 +56,22 @@ cleanup() {
     [ -d "$CG_R" ] && echo 1 > "$CG_R/cgroup.kill" && sleep 0.2
     remove_pods "$P"
     # Removing the pins detaches the programs.
-    rm -rf "/sys/fs/bpf/$P-a" "/sys/fs/bpf/$P-b"
-    rmdir "$CG_A" "$CG_B" "$CG_R" 2>/dev/null || true
+    rm -rf "/sys/fs/bpf/$P-a" "/sys/fs/bpf/$P-b" "/sys/fs/bpf/$P-c" "/sys/fs/bpf/$P-d"
+    rmdir "$CG_A/proxy" "$CG_B/proxy" "$CG_C/proxy" "$CG_D/proxy" 2>/dev/null || true
+    rmdir "$CG_A" "$CG_B" "$CG_R" "$CG_C" "$CG_D" 2>/dev/null || true
     rm -rf "$WORK"
 }
 trap cleanup EXIT
 mkdir "$CG_A" "$CG_B" "$CG_R"
-# A client process: in node-a's cgroup, in the client pod's netns.
+# A client process: in its node's cgroup (node-a's; node-c's for the sockmap path), in the
+# client pod's netns.
+declare -A CG=([direct]=$CG_A [relay]=$CG_A [mesh]=$CG_A [policy]=$CG_A [sockmap]=$CG_C)
 client() { local ns=$1; shift; in_pod "$CG_A" "$ns" "$@"; }
 
 # --- topology ----------------------------------------------------------------------------
-pods_on_bridge "$P" cli dir srv sdir srv2   # 10.78.0.2, .3, .4, .5, .6
+pods_on_bridge "$P" cli dir srv sdir srv2 cli3 srv3   # 10.78.0.2, .3, .4, .5, .6, .7, .8
 CLI=10.78.0.2 DIR=10.78.0.3 SRV=10.78.0.4 SDIR=10.78.0.5 SRV2=10.78.0.6 WEB=10.96.0.50
+CLI3=10.78.0.7 SRV3=10.78.0.8
 
 # --- control plane and proxies ------------------------------------------------------------
 "$BIN/ambit" pki init --out "$WORK/pki" >/dev/null
@@ -132,10 +146,24 @@ metadata: {name: client-only, namespace: bench}
 spec:
   targetRef: {group: policy.ambit.dev, kind: Server, name: srv2-http}
   requiredAuthenticationRefs: [{group: policy.ambit.dev, kind: MeshTLSAuthentication, name: client}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: cli3, namespace: bench, annotations: {local.ambit.dev/netns: /run/netns/$P-cli3}}
+spec: {nodeName: node-c, serviceAccountName: client, containers: []}
+status: {podIP: $CLI3, phase: Running}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: srv3, namespace: bench, annotations: {local.ambit.dev/netns: /run/netns/$P-srv3}}
+spec: {nodeName: node-d, serviceAccountName: server, containers: []}
+status: {podIP: $SRV3, phase: Running}
 YAML
-printf 'nodes:\n  node-a: %s\n  node-b: %s\n' "$(openssl rand -hex 16)" "$(openssl rand -hex 16)" > "$WORK/tokens.yaml"
-grep node-a "$WORK/tokens.yaml" | awk '{print $2}' > "$WORK/node-a.token"
-grep node-b "$WORK/tokens.yaml" | awk '{print $2}' > "$WORK/node-b.token"
+printf 'nodes:\n' > "$WORK/tokens.yaml"
+for node in a b c d; do
+    printf '  node-%s: %s\n' $node "$(openssl rand -hex 16)" >> "$WORK/tokens.yaml"
+    grep "node-$node" "$WORK/tokens.yaml" | awk '{print $2}' > "$WORK/node-$node.token"
+done
 
 "$BIN/ambit-control" --trust-anchors "$WORK/pki/trust-anchor.crt" --issuer-cert "$WORK/pki/issuer.crt" \
     --issuer-key "$WORK/pki/issuer.key" --local-dir "$WORK/cluster" --node-tokens "$WORK/tokens.yaml" \
@@ -143,9 +171,24 @@ grep node-b "$WORK/tokens.yaml" | awk '{print $2}' > "$WORK/node-b.token"
     --admin-addr 127.0.0.1:19990 \
     --log warn 2>"$OUT/control.log" &
 PIDS+=($!)
+# With SOCKMAP=1 every proxy runs in a cgroup below its node's, as on a node (where the
+# programs hang off the root cgroup, so they run for the proxy's own sockets too): the two
+# mesh paths then differ by --sockmap alone. (Outside it, as by default, the proxies'
+# sockets skip the cgroup programs.)
+in_node_cgroup() { # node cmd...
+    local node=$1
+    shift
+    # exec: run in the background, the proxy keeps the pid `$!` names.
+    if [ -n "$SOCKMAP" ]; then
+        mkdir -p "$CG_ROOT/$P-$node/proxy"
+        exec sh -c 'echo $$ > "$0/cgroup.procs" && exec "$@"' "$CG_ROOT/$P-$node/proxy" "$@"
+    else
+        exec "$@"
+    fi
+}
 for node in a b; do
     port=$([ $node = a ] && echo 14191 || echo 14192)
-    "$BIN/ambit-proxy" --node-name "node-$node" --identity-url https://127.0.0.1:18080 \
+    in_node_cgroup $node "$BIN/ambit-proxy" --node-name "node-$node" --identity-url https://127.0.0.1:18080 \
         --discovery-url https://127.0.0.1:18086 --policy-url https://127.0.0.1:18090 \
         --token-file "$WORK/node-$node.token" \
         --trust-anchors "$WORK/pki/trust-anchor.crt" --admin-addr "127.0.0.1:$port" --log warn \
@@ -155,10 +198,38 @@ for node in a b; do
     PIDS+=($!)
     eval "PROXY_${node^^}=$!"
 done
-for port in 14191 14192; do
+PORTS=(14191 14192)
+if [ -n "$SOCKMAP" ]; then
+    # node-c and node-d: the same proxies with --sockmap on, each in a cgroup below its
+    # node's, where its programs are attached (a node's root cgroup holds its proxy too).
+    mkdir "$CG_C" "$CG_D"
+    for node in c d; do
+        port=$([ $node = c ] && echo 14193 || echo 14194)
+        in_node_cgroup $node "$BIN/ambit-proxy" --node-name "node-$node" --identity-url https://127.0.0.1:18080 \
+            --discovery-url https://127.0.0.1:18086 --policy-url https://127.0.0.1:18090 \
+            --token-file "$WORK/node-$node.token" \
+            --trust-anchors "$WORK/pki/trust-anchor.crt" --admin-addr "127.0.0.1:$port" --log warn \
+            --redirect ebpf --sockmap "${SOCKMAP_FLAG:-on}" --cgroup-path "$CG_ROOT/$P-$node" --bpf-pin-dir "/sys/fs/bpf/$P-$node" \
+            --cni-socket '' --run-dir "$WORK/run-$node" \
+            2>"$OUT/proxy-$node.log" &
+        PIDS+=($!)
+        eval "PROXY_${node^^}=$!"
+        PORTS+=("$port")
+    done
+fi
+for port in "${PORTS[@]}"; do
     for _ in $(seq 1 100); do curl -sf "127.0.0.1:$port/ready" >/dev/null && break; sleep 0.1; done
     curl -sf "127.0.0.1:$port/ready" >/dev/null || { echo "proxy on $port not ready" >&2; exit 1; }
 done
+if [ -n "$SOCKMAP" ]; then
+    for port in 14193 14194; do
+        said=$(curl -s "127.0.0.1:$port/config_dump" | grep -Eo '"sockmap": *"[^"]*"' | sed -n 1p)
+        case $said in
+            *"\"${SOCKMAP_FLAG:-on}"*) ;;
+            *) echo "sockmap not ${SOCKMAP_FLAG:-on} for the proxy on $port: $said" >&2; exit 1 ;;
+        esac
+    done
+fi
 
 # Each proxy redirects its meshed pods ($REDIRECT).
 # Peak memory of start-up alone, before any traffic.
@@ -172,6 +243,10 @@ start_servers "$P-sdir" sdir
 NGINX_SDIR=${PIDS[-2]}
 start_servers "$P-srv2" srv2
 NGINX_SRV2=${PIDS[-2]}
+if [ -n "$SOCKMAP" ]; then
+    start_servers "$P-srv3" srv3
+    NGINX_SRV3=${PIDS[-2]}
+fi
 # Two plain TCP relays per service (64 KiB buffers, as the proxies' copies), in a cgroup of
 # their own so that their CPU (every forked child included) is read from cpu.stat.
 relay() { # netns listen-addr listen-port target-addr target-port
@@ -187,6 +262,7 @@ sleep 1
 NGINX_WORKER_SRV=$(pgrep -P "$NGINX_SRV")
 NGINX_WORKER_SDIR=$(pgrep -P "$NGINX_SDIR")
 NGINX_WORKER_SRV2=$(pgrep -P "$NGINX_SRV2")
+NGINX_WORKER_SRV3=$([ -n "$SOCKMAP" ] && pgrep -P "$NGINX_SRV3" || echo "")
 # The policy path's route and authorization reached the proxies: the route's metrics count
 # a request, and the Server's policy allowed it.
 for _ in $(seq 1 100); do
@@ -200,15 +276,15 @@ curl -s 127.0.0.1:14191/metrics | grep -q 'route_name="web"' || { echo "the poli
 
 TICK=$(getconf CLK_TCK)
 
-declare -A CLIENT=([direct]=$P-dir [relay]=$P-dir [mesh]=$P-cli [policy]=$P-cli)
-declare -A HTTP=([direct]=$SDIR:8080 [relay]=127.0.0.1:18080 [mesh]=$SRV:8080 [policy]=$WEB:8080)
-declare -A IPERF=([direct]="$SDIR -p 5201" [relay]="127.0.0.1 -p 15201" [mesh]="$SRV -p 5201")
-declare -A NGINX_WORKER=([direct]=$NGINX_WORKER_SDIR [relay]=$NGINX_WORKER_SDIR [mesh]=$NGINX_WORKER_SRV [policy]=$NGINX_WORKER_SRV2)
+declare -A CLIENT=([direct]=$P-dir [relay]=$P-dir [mesh]=$P-cli [policy]=$P-cli [sockmap]=$P-cli3)
+declare -A HTTP=([direct]=$SDIR:8080 [relay]=127.0.0.1:18080 [mesh]=$SRV:8080 [policy]=$WEB:8080 [sockmap]=$SRV3:8080)
+declare -A IPERF=([direct]="$SDIR -p 5201" [relay]="127.0.0.1 -p 15201" [mesh]="$SRV -p 5201" [sockmap]="$SRV3 -p 5201")
+declare -A NGINX_WORKER=([direct]=$NGINX_WORKER_SDIR [relay]=$NGINX_WORKER_SDIR [mesh]=$NGINX_WORKER_SRV [policy]=$NGINX_WORKER_SRV2 [sockmap]=$NGINX_WORKER_SRV3)
 
 run_oha() { # path keepalive(yes|no) file
     local extra=()
     [ "$2" = no ] && extra=(--disable-keepalive)
-    client "${CLIENT[$1]}" "$OHA" -z 15s -q 1000 -c 16 --latency-correction --no-tui --output-format json \
+    in_pod "${CG[$1]}" "${CLIENT[$1]}" "$OHA" -z 15s -q 1000 -c 16 --latency-correction --no-tui --output-format json \
         "${extra[@]}" "http://${HTTP[$1]}/1k" > "$3"
 }
 
@@ -217,6 +293,7 @@ run_oha() { # path keepalive(yes|no) file
 path_cpu() { # path
     case $1 in
         mesh|policy) echo $(( ($(cpu "$PROXY_A") + $(cpu "$PROXY_B")) * 1000000 / TICK )) ;;
+        sockmap) echo $(( ($(cpu "$PROXY_C") + $(cpu "$PROXY_D")) * 1000000 / TICK )) ;;
         relay) awk '$1 == "usage_usec" {print $2}' "$CG_R/cpu.stat" ;;
         *) echo 0 ;;
     esac
@@ -239,11 +316,16 @@ if [ -n "${PROFILE:-}" ]; then
 fi
 
 for round in $(seq 1 "$ROUNDS"); do
-    for path in direct relay mesh policy; do
+    # The sockmap path right after the mesh path, so that the two are side by side in time.
+    for path in direct relay mesh ${SOCKMAP:+sockmap} policy; do
         for ka in yes no; do
             [ "${ONLY:-}" = iperf ] && continue
             [ "$path" = relay ] && [ "$ka" = no ] && continue
             c0=$(path_cpu $path); n0=$(cpu "${NGINX_WORKER[$path]}")
+            # Halfway through, what TCP carried on the client's in-pod hop (ss): next to
+            # nothing where sockmap moves the bytes.
+            (sleep 7; ip netns exec "${CLIENT[$path]}" ss -tinH state established '( dport = :4140 )' \
+                > "$OUT/ss-$path-ka$ka-$round.txt" 2>&1) &
             run_oha "$path" "$ka" "$OUT/oha-$path-ka$ka-$round.json"
             c1=$(path_cpu $path); n1=$(cpu "${NGINX_WORKER[$path]}")
             echo "$(( c1 - c0 ))" > "$OUT/cpu-$path-ka$ka-$round.usec"
@@ -252,7 +334,7 @@ for round in $(seq 1 "$ROUNDS"); do
         [ "$path" = policy ] && continue   # HTTP only: a route is per request
         c0=$(path_cpu $path)
         # shellcheck disable=SC2086 # host and port are two words
-        client "${CLIENT[$path]}" iperf3 -c ${IPERF[$path]} -t 10 -J > "$OUT/iperf-$path-$round.json"
+        in_pod "${CG[$path]}" "${CLIENT[$path]}" iperf3 -c ${IPERF[$path]} -t 10 -J > "$OUT/iperf-$path-$round.json"
         c1=$(path_cpu $path)
         echo "$(( c1 - c0 ))" > "$OUT/cpu-iperf-$path-$round.usec"
     done
@@ -272,4 +354,4 @@ for node in A B; do
 done
 
 [ "${ONLY:-}" = iperf ] && { cat "$OUT"/mem-start-proxy-*.txt "$OUT"/mem-proxy-*.txt; for f in "$OUT"/iperf-*.json; do printf "%s %.2f Gbit/s\n" "$(basename "$f" .json)" "$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['end']['sum_received']['bits_per_second']/1e9)" "$f")"; done; exit 0; }
-{ echo "Redirection: $REDIRECT"; python3 "$ROOT/bench/mesh/summarize.py" "$OUT" "$ROUNDS"; } | tee "$OUT/summary.md"
+{ echo "Redirection: $REDIRECT${SOCKMAP:+ (and a sockmap path)}"; python3 "$ROOT/bench/mesh/summarize.py" "$OUT" "$ROUNDS"; } | tee "$OUT/summary.md"

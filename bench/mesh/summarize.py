@@ -106,6 +106,26 @@ if oha("policy", "yes", 1) is not None:
         print(f"| CPU-seconds per 1000 requests, {label} | {fmt(m, 4)} | {fmt(p, 4)} | {ratio:+.1%} |")
         print(f"| {label} success rate | {fmt(series('mesh', ka, 'ok'), 4)} | {fmt(series('policy', ka, 'ok'), 4)} | |")
 
+if oha("sockmap", "yes", 1) is not None:
+    print("\n## Sockmap on the in-pod hops: the mesh with --sockmap on, against off\n")
+    print("Two more proxies (node-c, node-d) with --sockmap on, between cli3 and srv3; `mesh`")
+    print("is node-a and node-b with it off. Each path's CPU is its two proxies'.\n")
+    print("| measurement | mesh, sockmap off | mesh, sockmap on | change | two plain relays |")
+    print("|---|---|---|---|---|")
+    for ka, label in (("yes", "keep-alive"), ("no", "new connection per request")):
+        for q in ("p50", "p99"):
+            m, k, r = series("mesh", ka, q), series("sockmap", ka, q), series("relay", ka, q)
+            print(f"| {label} {q} latency (ms) | {fmt(m)} | {fmt(k)} | {added(k, m)} ms | {fmt(r)} |")
+        m, k, r = per_1000("mesh", ka), per_1000("sockmap", ka), per_1000("relay", ka)
+        ratio = statistics.median(k) / statistics.median(m) - 1 if m and k else float("nan")
+        print(f"| CPU-seconds per 1000 requests, {label} | {fmt(m, 4)} | {fmt(k, 4)} | {ratio:+.1%} | {fmt(r, 4)} |")
+        print(f"| {label} success rate | {fmt(series('mesh', ka, 'ok'), 4)} | {fmt(series('sockmap', ka, 'ok'), 4)} | | |")
+    m, k, r = ([iperf(p, x)["gbps"] for x in rounds] for p in ("mesh", "sockmap", "relay"))
+    print(f"| iperf3 single stream (Gbit/s) | {fmt(m, 2)} | {fmt(k, 2)} | {statistics.median(k) / statistics.median(m) - 1:+.1%} | {fmt(r, 2)} |")
+    gb = {p: [seconds(f"iperf-{p}-{x}") / max(iperf(p, x)["bytes"] / 1e9, 1e-9) for x in rounds] for p in ("mesh", "sockmap", "relay")}
+    change = statistics.median(gb["sockmap"]) / statistics.median(gb["mesh"]) - 1
+    print(f"| CPU-seconds per GB (iperf3) | {fmt(gb['mesh'])} | {fmt(gb['sockmap'])} | {change:+.1%} | {fmt(gb['relay'])} |")
+
 print("\n## Memory of each proxy: right after the last run, at rest 12 s later, peak\n")
 for node in ("A", "B"):
     mem = dict(line.split(":") for line in (out / f"mem-proxy-{node}.txt").read_text().splitlines())

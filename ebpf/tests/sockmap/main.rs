@@ -13,6 +13,7 @@
 #![allow(unsafe_code)]
 
 mod lab;
+mod micro;
 
 use ambit_ebpf::common::{maps, SockKey};
 use lab::*;
