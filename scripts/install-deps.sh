@@ -6,7 +6,7 @@
 #                                       the eBPF toolchain (nightly rust-src, bpf-linker)
 #   ./scripts/install-deps.sh --tests   and what only the test suite needs: openssl, the
 #                                       real CNI plugins, python3 with venv, Prometheus,
-#                                       rustfmt and clippy
+#                                       rustfmt and clippy, cargo-fuzz
 #
 # Needs root for the package installs (CI and the developer machines run as root).
 set -euo pipefail
@@ -44,6 +44,11 @@ if [ "${1:-}" = --tests ]; then
         rustup component list --toolchain nightly --installed 2>/dev/null | grep -q "^$c" \
             || rustup component add "$c" --toolchain nightly
     done
+    # cargo-fuzz (runs on the nightly toolchain installed above): scripts/fuzz.sh.
+    if ! cargo +nightly fuzz --version >/dev/null 2>&1; then
+        log "installing cargo-fuzz ${CARGO_FUZZ_VERSION:-0.13.2}"
+        cargo install cargo-fuzz --locked --version "${CARGO_FUZZ_VERSION:-0.13.2}"
+    fi
 fi
 
 # bpffs for the eBPF pins (the proxy mounts it too; once here, before tests run in

@@ -22,6 +22,7 @@ fi
 log "cargo fmt --check"
 cargo fmt --all -- --check
 cargo +nightly fmt --manifest-path ebpf/programs/Cargo.toml -- --check
+cargo fmt --manifest-path fuzz/Cargo.toml -- --check
 
 log "cargo clippy --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings
@@ -48,5 +49,10 @@ cargo test --workspace --locked
 log "data-path suites with sockmap (AMBIT_TEST_SOCKMAP=on)"
 AMBIT_TEST_SOCKMAP=on cargo test --locked -p ambit-e2e --test datapath --test http \
     --test redirection --test handover --test routes --test sockmap
+
+# Every fuzz target for a short bounded time from the committed corpus (docs/FUZZING.md);
+# a longer run by hand is `./scripts/fuzz.sh 300`.
+log "fuzzing (20 s a target)"
+./scripts/fuzz.sh 20
 
 log "all checks passed"
