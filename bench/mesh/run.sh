@@ -299,6 +299,39 @@ path_cpu() { # path
     esac
 }
 
+if [ "${PROFILE:-}" = syscalls ]; then
+    # System calls of each proxy per request under keep-alive load through the mesh
+    # (PROFILE_KA=no: a new connection per request), counted by the kernel's tracepoints
+    # over the whole oha run; then stop.
+    events=writev,write,sendmsg,sendto,read,readv,recvfrom,recvmsg,epoll_wait,epoll_ctl,futex,accept4,connect,close
+    events=$(printf 'syscalls:sys_enter_%s,' ${events//,/ }); events=${events%,}
+    perf stat -x, -e "$events" -p "$PROXY_A" -o "$OUT/syscalls-a.csv" &
+    stat_a=$!
+    perf stat -x, -e "$events" -p "$PROXY_B" -o "$OUT/syscalls-b.csv" &
+    stat_b=$!
+    sleep 0.5
+    run_oha mesh "${PROFILE_KA:-yes}" "$OUT/oha-syscalls.json"
+    kill -INT "$stat_a" "$stat_b"; wait "$stat_a" "$stat_b" || true
+    python3 - "$OUT" <<'PY'
+import json, sys
+out = sys.argv[1]
+n = sum(json.load(open(f"{out}/oha-syscalls.json"))["statusCodeDistribution"].values())
+print(f"{n} requests; system calls per request")
+print(f"{'':12} {'node-a':>8} {'node-b':>8}")
+rows = {}
+for side in "ab":
+    for line in open(f"{out}/syscalls-{side}.csv"):
+        f = line.strip().split(",")
+        if len(f) > 2 and f[2].startswith("syscalls:sys_enter_") and f[0].isdigit():
+            rows.setdefault(f[2].removeprefix("syscalls:sys_enter_"), {})[side] = int(f[0])
+for name, v in rows.items():
+    a, b = v.get("a", 0) / n, v.get("b", 0) / n
+    if a or b:
+        print(f"{name:12} {a:8.2f} {b:8.2f}")
+PY
+    exit 0
+fi
+
 if [ -n "${PROFILE:-}" ]; then
     # Profile both proxies under load through the mesh (PROFILE=iperf: one iperf3 stream;
     # otherwise oha, keep-alive unless PROFILE_KA=no), then stop.

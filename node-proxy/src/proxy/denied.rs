@@ -31,7 +31,7 @@ pub(super) async fn serve(
     peer: SocketAddr,
     target: SocketAddr,
     pod: Arc<PodContext>,
-    shared: Shared,
+    shared: Arc<Shared>,
 ) -> Result<(), ProxyError> {
     let unauthorized = || {
         ProxyError::Denied(format!(

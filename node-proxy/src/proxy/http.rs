@@ -24,22 +24,26 @@ use std::time::Duration;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-/// Target address inside the destination pod, set by the sending proxy.
-pub const DST_HEADER: &str = "ambit-dst";
+/// Target address inside the destination pod, set by the sending proxy. (Header names as
+/// constants: a `&str` name is parsed again on every use, per request.)
+pub const DST_HEADER: HeaderName = HeaderName::from_static("ambit-dst");
 /// `HTTP/1.1` when the application spoke HTTP/1 and the request rides the tunnel as HTTP/2.
-pub const ORIG_PROTO_HEADER: &str = "ambit-orig-proto";
+pub const ORIG_PROTO_HEADER: HeaderName = HeaderName::from_static("ambit-orig-proto");
+/// The value of [`ORIG_PROTO_HEADER`].
+const HTTP1: HeaderValue = HeaderValue::from_static("HTTP/1.1");
 /// How long a client may take to send a request's headers (slowloris).
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// Largest request head accepted (431 beyond).
 pub const MAX_HEADER_BYTES: usize = 64 * 1024;
 
 /// Headers that describe one hop and must not be forwarded.
-const HOP_BY_HOP: [HeaderName; 5] = [
+const HOP_BY_HOP: [HeaderName; 6] = [
     header::CONNECTION,
     header::TRANSFER_ENCODING,
     header::UPGRADE,
     header::PROXY_AUTHORIZATION,
     HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
 ];
 
 fn strip_hop_by_hop(h: &mut HeaderMap) {
@@ -54,7 +58,6 @@ fn strip_hop_by_hop(h: &mut HeaderMap) {
     for n in named.iter().chain(HOP_BY_HOP.iter()) {
         h.remove(n);
     }
-    h.remove("proxy-connection");
     if h.get(header::TE).is_some_and(|v| v != "trailers") {
         h.remove(header::TE);
     }
@@ -91,7 +94,7 @@ pub(super) async fn serve_outbound(
     proto: Protocol,
     dst: SocketAddr,
     pod: Arc<PodContext>,
-    shared: Shared,
+    shared: Arc<Shared>,
 ) {
     let metrics = shared.metrics.clone();
     let shared_idle = shared.http_idle_timeout;
@@ -388,7 +391,7 @@ async fn via_mesh(
     parts.headers.remove(header::HOST);
     insert(&mut parts.headers, DST_HEADER, &target.to_string());
     if orig_http1 {
-        insert(&mut parts.headers, ORIG_PROTO_HEADER, "HTTP/1.1");
+        parts.headers.insert(ORIG_PROTO_HEADER, HTTP1);
     }
     let resp = shared
         .pool
@@ -419,7 +422,7 @@ fn timed_out(e: &(dyn std::error::Error + 'static)) -> bool {
     false
 }
 
-fn insert(h: &mut HeaderMap, name: &'static str, value: &str) {
+fn insert(h: &mut HeaderMap, name: HeaderName, value: &str) {
     if let Ok(v) = HeaderValue::from_str(value) {
         h.insert(name, v);
     }
@@ -468,7 +471,7 @@ pub(super) async fn deliver(
         parts.headers.remove(header::HOST);
     } else {
         parts.version = Version::HTTP_11;
-        insert(&mut parts.headers, "host", &host);
+        insert(&mut parts.headers, header::HOST, &host);
     }
     let client = pod.clients.get(target, http2);
     let resp = client

@@ -58,7 +58,7 @@ pub(super) async fn mesh_connection(
     tcp: TcpStream,
     peer: SocketAddr,
     pod: &Arc<PodContext>,
-    shared: &Shared,
+    shared: &Arc<Shared>,
     acceptor: TlsAcceptor,
 ) -> Result<(), ProxyError> {
     // Anything but a TLS handshake record is refused at its first byte, instead of letting
@@ -171,7 +171,7 @@ fn refuse(status: http::StatusCode, cause: &str) -> http::Response<Body> {
 async fn connect_stream(
     req: http::Request<hyper::body::Incoming>,
     pod: Arc<PodContext>,
-    shared: Shared,
+    shared: Arc<Shared>,
     client_id: WorkloadIdentity,
     peer: SocketAddr,
 ) -> http::Response<Body> {
@@ -263,7 +263,7 @@ pub(super) async fn plain_connection(
     mut client: TcpStream,
     peer: SocketAddr,
     pod: &Arc<PodContext>,
-    shared: &Shared,
+    shared: &Arc<Shared>,
 ) -> Result<(), ProxyError> {
     let target = shared.redirector.inbound_dst(&client).map_err(|e| {
         ProxyError::Client(format!(

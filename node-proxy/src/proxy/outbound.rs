@@ -12,7 +12,7 @@ use tokio::net::TcpStream;
 pub(super) async fn proxy(
     client: TcpStream,
     pod: &Arc<PodContext>,
-    shared: &Shared,
+    shared: &Arc<Shared>,
 ) -> Result<(), ProxyError> {
     let dst = shared
         .redirector
