@@ -131,6 +131,10 @@ pub async fn run_taking_over(
         &mut registry,
     )
     .map_err(AppError::Redirect)?;
+    let kernel_tls =
+        crate::ktls::KernelTls::decide(config.kernel_tls, redirector.sockmap().enabled())
+            .map_err(|e| AppError::Config(vec![e]))?;
+    tracing::info!(kernel_tls = %kernel_tls, "opaque streams between node proxies");
     let pods = crate::cni::PodRegistry::open(&config.run_dir)
         .map_err(|e| AppError::File(format!("--run-dir {}: {e}", config.run_dir.display())))?;
 
@@ -238,7 +242,7 @@ pub async fn run_taking_over(
             identities.clone(),
             state_rx.clone(),
             bundle.clone(),
-            (redirector.clone(), pods.clone()),
+            (redirector.clone(), pods.clone(), kernel_tls.clone()),
         ))),
         log_level,
         shutdown: drain_tx.clone(),
@@ -373,6 +377,7 @@ pub async fn run_taking_over(
                 authz: authz_metrics,
                 routes: route_metrics,
                 budgets: Default::default(),
+                kernel_tls: kernel_tls.clone(),
             },
             cni: pods.subscribe(),
             serving: serving.clone(),
@@ -652,7 +657,11 @@ fn config_dump(
     identities: IdentityManager,
     state: watch::Receiver<Arc<DiscoveryState>>,
     bundle: TrustBundle,
-    (redirector, cni_pods): (crate::proxy::Redirector, crate::cni::PodRegistry),
+    (redirector, cni_pods, kernel_tls): (
+        crate::proxy::Redirector,
+        crate::cni::PodRegistry,
+        crate::ktls::KernelTls,
+    ),
 ) -> admin::ConfigDump {
     Arc::new(move || {
         let s = state.borrow().clone();
@@ -695,6 +704,7 @@ fn config_dump(
             "config": config,
             "redirect_mode": redirector.mode(),
             "sockmap": redirector.sockmap().to_string(),
+            "kernel_tls": kernel_tls.config_dump(),
             "trust_anchors": bundle.anchors().len(),
             "discovery": {
                 "synced": s.synced,

@@ -35,6 +35,8 @@ pub mod env {
     pub const REDIRECT: &str = "AMBIT_REDIRECT";
     /// Whether the in-pod hops skip the loopback TCP stack (sk_msg).
     pub const SOCKMAP: &str = "AMBIT_SOCKMAP";
+    /// Whether opaque streams between node proxies take kernel TLS.
+    pub const KERNEL_TLS: &str = "AMBIT_KERNEL_TLS";
     /// The identity the control plane must prove.
     pub const CONTROL_IDENTITY: &str = "AMBIT_CONTROL_IDENTITY";
     /// Where the eBPF maps and links are pinned.
@@ -157,6 +159,13 @@ pub struct Config {
     /// (docs/ARCHITECTURE.md, "Redirection").
     #[arg(long, env = env::SOCKMAP, value_enum, default_value = "off")]
     pub sockmap: crate::proxy::redirect::Sockmap,
+    /// Opaque TCP between node proxies on an mTLS connection of its own per stream,
+    /// handed to kernel TLS after the handshake and relayed with `splice(2)`: `auto` (when
+    /// the kernel has TLS — `CONFIG_TLS`, the `tls` module loaded — and sockmap is off;
+    /// HTTP/2 CONNECT streams on the pooled tunnel otherwise), `on` (required: no start
+    /// without it), `off`. `/config_dump` says which and why.
+    #[arg(long, env = env::KERNEL_TLS, value_enum, default_value = "auto")]
+    pub kernel_tls: crate::ktls::Mode,
     /// Where the eBPF maps and links are pinned (on bpffs); they outlive the proxy, so a
     /// meshed pod stays redirected (and fails closed) while it restarts.
     #[arg(long, env = env::BPF_PIN_DIR, default_value = defaults::BPF_PIN_DIR)]

@@ -40,6 +40,7 @@ pub mod discovery;
 pub mod enrol;
 pub mod handover;
 pub mod identity;
+pub mod ktls;
 pub mod limits;
 pub mod logging;
 pub mod netns;

@@ -41,6 +41,12 @@ impl<S> Rewind<S> {
             inner,
         }
     }
+
+    /// What was read ahead and not yet consumed, and the stream itself.
+    pub fn into_parts(mut self) -> (Vec<u8>, S) {
+        self.prefix.drain(..self.pos);
+        (self.prefix, self.inner)
+    }
 }
 
 impl<S: AsyncRead + Unpin> AsyncRead for Rewind<S> {

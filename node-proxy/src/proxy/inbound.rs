@@ -1,4 +1,5 @@
-//! Inbound: the mesh tunnel (4143, mTLS + HTTP/2 CONNECT) and plaintext capture (4144).
+//! Inbound: the mesh tunnel (4143, mTLS + HTTP/2 CONNECT, or the opaque transport:
+//! `super::transport`) and plaintext capture (4144).
 
 use super::authz::{self, Proto};
 use super::body::{self, Body};
@@ -50,6 +51,14 @@ pub(super) fn acceptor(pod: &PodContext, shared: &Shared) -> Result<TlsAcceptor,
     // start-up peak and 1,000 pods").
     config.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
     config.send_tls13_tickets = 0;
+    // The opaque transport first: a peer that offers it wants it; the pooled tunnel's
+    // clients offer `h2` only.
+    config.alpn_protocols = vec![
+        super::transport::TRANSPORT_ALPN.to_vec(),
+        crate::tls::MESH_ALPN.to_vec(),
+    ];
+    // For kernel TLS after the handshake (super::transport).
+    config.enable_secret_extraction = true;
     Ok(TlsAcceptor::from(Arc::new(config)))
 }
 
@@ -87,6 +96,17 @@ pub(super) async fn mesh_connection(
         .map(svid_identity)
         .ok_or_else(|| ProxyError::Identity("no client certificate".into()))?
         .map_err(|e| ProxyError::Identity(e.to_string()))?;
+    if tls.get_ref().1.alpn_protocol() == Some(super::transport::TRANSPORT_ALPN) {
+        let (pod, shared) = (pod.clone(), shared.clone());
+        return super::transport::serve(tls, deadline, move |target| Stream {
+            pod,
+            shared,
+            client_id,
+            peer,
+            target,
+        })
+        .await;
+    }
     let service = {
         let (pod, shared, client_id) = (pod.clone(), shared.clone(), client_id.clone());
         let labels = TrafficLabels::inbound(&pod.workload, client_id.to_string());
@@ -188,72 +208,106 @@ async fn connect_stream(
             "CONNECT authority must be ip:port",
         );
     };
-    // Only this pod's own addresses: the tunnel is not an open proxy.
-    if !pod.workload.ips.contains(&target.ip()) {
-        shared.metrics.error("inbound", "client");
-        return refuse(
-            http::StatusCode::FORBIDDEN,
-            "target is not an address of this pod",
-        );
-    }
-    if super::is_proxy_port(target.port()) {
-        shared.metrics.error("inbound", "client");
-        return refuse(
-            http::StatusCode::FORBIDDEN,
-            "target is one of the proxy's own ports (4140, 4143, 4144)",
-        );
-    }
-    let id = client_id.to_string();
-    let client = Client {
-        identity: Some(&id),
-        addr: peer.ip(),
+    let stream = Stream {
+        pod,
+        shared,
+        client_id,
+        peer,
+        target,
     };
-    let (verdict, _) = authz::check(
-        &shared,
-        &pod.workload,
-        target.port(),
-        &client,
-        None,
-        Proto::Tcp,
-    );
-    if !verdict.allowed() {
-        shared.metrics.error("inbound", "denied");
-        return refuse(
-            http::StatusCode::FORBIDDEN,
-            "denied: unauthorized by the destination's policy",
-        );
-    }
-    let mut server = match pod.netns.connect(target, PROXY_MARK).await {
+    let mut server = match stream.connect().await {
         Ok(s) => s,
-        Err(e) => {
+        Err((status, cause)) => return refuse(status, &cause),
+    };
+    tokio::spawn(async move {
+        match hyper::upgrade::on(req).await {
+            Ok(upgraded) => {
+                let mut upgraded = TokioIo::new(upgraded);
+                stream.shared.metrics.transport("inbound", "h2_connect");
+                stream.relay(relay(&mut upgraded, &mut server)).await;
+            }
+            Err(error) => tracing::debug!(%error, "CONNECT stream closed before it opened"),
+        }
+    });
+    http::Response::new(body::empty())
+}
+
+/// One opaque stream from a peer proxy to an address of this pod, however it came (a
+/// CONNECT stream, or a connection of its own: `super::transport`).
+pub(super) struct Stream {
+    pub pod: Arc<PodContext>,
+    pub shared: Arc<Shared>,
+    /// The identity the peer proxy proved for its client.
+    pub client_id: WorkloadIdentity,
+    /// The peer proxy's address.
+    pub peer: SocketAddr,
+    /// Where in the pod it goes.
+    pub target: SocketAddr,
+}
+
+impl Stream {
+    /// Checks the target and the client's authorization, and connects to the target inside
+    /// the pod; a refusal is an HTTP status and why (counted in `tcp_errors_total`).
+    pub async fn connect(&self) -> Result<TcpStream, (http::StatusCode, String)> {
+        let (pod, shared, target) = (&self.pod, &self.shared, self.target);
+        // Only this pod's own addresses: the tunnel is not an open proxy.
+        if !pod.workload.ips.contains(&target.ip()) {
+            shared.metrics.error("inbound", "client");
+            return Err((
+                http::StatusCode::FORBIDDEN,
+                "target is not an address of this pod".into(),
+            ));
+        }
+        if super::is_proxy_port(target.port()) {
+            shared.metrics.error("inbound", "client");
+            return Err((
+                http::StatusCode::FORBIDDEN,
+                "target is one of the proxy's own ports (4140, 4143, 4144)".into(),
+            ));
+        }
+        let id = self.client_id.to_string();
+        let client = Client {
+            identity: Some(&id),
+            addr: self.peer.ip(),
+        };
+        let (verdict, _) = authz::check(
+            shared,
+            &pod.workload,
+            target.port(),
+            &client,
+            None,
+            Proto::Tcp,
+        );
+        if !verdict.allowed() {
+            shared.metrics.error("inbound", "denied");
+            return Err((
+                http::StatusCode::FORBIDDEN,
+                "denied: unauthorized by the destination's policy".into(),
+            ));
+        }
+        pod.netns.connect(target, PROXY_MARK).await.map_err(|e| {
             shared.metrics.error("inbound", "upstream");
             let status = if e.kind() == std::io::ErrorKind::ConnectionRefused {
                 http::StatusCode::BAD_GATEWAY
             } else {
                 http::StatusCode::SERVICE_UNAVAILABLE
             };
-            return refuse(status, &format!("connecting to {target} in the pod: {e}"));
-        }
-    };
-    let w = &pod.workload;
-    let labels = TrafficLabels::inbound(w, client_id.to_string());
-    let workload = pod.workload.clone();
-    tokio::spawn(async move {
-        match hyper::upgrade::on(req).await {
-            Ok(upgraded) => {
-                shared.metrics.opened(&labels);
-                let mut upgraded = TokioIo::new(upgraded);
-                // A policy change that denies the client ends the stream.
-                let (read, written) = tokio::select! {
-                    moved = relay(&mut upgraded, &mut server) => moved,
-                    () = authz::revoked(&shared, &workload, target.port(), Some(id), peer.ip()) => (0, 0),
-                };
-                shared.metrics.closed(&labels, read, written);
-            }
-            Err(error) => tracing::debug!(%error, "CONNECT stream closed before it opened"),
-        }
-    });
-    http::Response::new(body::empty())
+            (status, format!("connecting to {target} in the pod: {e}"))
+        })
+    }
+
+    /// Runs `relay` (which returns the bytes read from and written to the peer proxy),
+    /// counted in the metrics; a policy change that denies the client ends it.
+    pub async fn relay(&self, relay: impl std::future::Future<Output = (u64, u64)>) {
+        let labels = TrafficLabels::inbound(&self.pod.workload, self.client_id.to_string());
+        self.shared.metrics.opened(&labels);
+        let id = self.client_id.to_string();
+        let (read, written) = tokio::select! {
+            moved = relay => moved,
+            () = authz::revoked(&self.shared, &self.pod.workload, self.target.port(), Some(id), self.peer.ip()) => (0, 0),
+        };
+        self.shared.metrics.closed(&labels, read, written);
+    }
 }
 
 /// Plaintext from outside the mesh: authorized per connection, by the client's address;

@@ -136,6 +136,18 @@ pub struct TcpMetrics {
     read_bytes: Family<TrafficLabels, Counter>,
     write_bytes: Family<TrafficLabels, Counter>,
     errors: Family<ErrorLabels, Counter>,
+    transport: Family<TransportLabels, Counter>,
+}
+
+/// How an opaque stream between node proxies was carried, for `tcp_mesh_transport_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TransportLabels {
+    /// `inbound` or `outbound`.
+    pub direction: String,
+    /// `kernel_tls` (a connection of its own, spliced), `tls` (a connection of its own,
+    /// rustls in user space: this end has no kernel TLS), or `h2_connect` (a CONNECT
+    /// stream on the pooled tunnel).
+    pub transport: String,
 }
 
 impl TcpMetrics {
@@ -164,6 +176,11 @@ impl TcpMetrics {
             "Connections that failed, by cause",
             m.errors.clone(),
         );
+        registry.register(
+            "tcp_mesh_transport",
+            "Opaque streams between node proxies, by how they were carried",
+            m.transport.clone(),
+        );
         m
     }
 
@@ -191,6 +208,16 @@ impl TcpMetrics {
         self.open_connections.get_or_create(l).dec();
         self.read_bytes.get_or_create(l).inc_by(read);
         self.write_bytes.get_or_create(l).inc_by(written);
+    }
+
+    /// An opaque stream between node proxies opened on `transport`.
+    pub fn transport(&self, direction: &str, transport: &str) {
+        self.transport
+            .get_or_create(&TransportLabels {
+                direction: direction.into(),
+                transport: transport.into(),
+            })
+            .inc();
     }
 
     /// A connection failed.

@@ -10,8 +10,8 @@
 //!
 //! Outbound connections are classified on their first bytes (HTTP/1, HTTP/2, else opaque;
 //! ports marked opaque skip this). HTTP is proxied per request (balanced, counted, sent as
-//! HTTP/2 through the tunnel); everything else is relayed as opaque TCP in a CONNECT
-//! stream.
+//! HTTP/2 through the tunnel); everything else is relayed as opaque TCP: on a kernel TLS
+//! connection of its own, spliced (`transport`), or in a CONNECT stream of the tunnel.
 
 mod accept;
 mod accrual;
@@ -33,6 +33,7 @@ mod resolve;
 mod retry;
 mod route;
 pub mod route_metrics;
+mod transport;
 mod tunnel;
 mod upgrade;
 
@@ -159,6 +160,8 @@ pub struct Shared {
     pub routes: route_metrics::RouteMetrics,
     /// Each route's retry budget.
     pub budgets: retry::Budgets,
+    /// Whether opaque streams to peer proxies take kernel TLS (`transport`).
+    pub kernel_tls: crate::ktls::KernelTls,
 }
 
 /// What happens to a pod's connection to an address discovery does not know (not a

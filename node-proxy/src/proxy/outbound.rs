@@ -1,11 +1,15 @@
 //! Outbound (4140): a pod's own connections, redirected here, go to their original
 //! destination — through the mesh tunnel when the destination is a meshed pod.
 
+use super::detect::Rewind;
 use super::detect::{detect, Protocol};
 use super::resolve::{settle, Resolved};
+use super::transport;
 use super::tunnel::Tunnel;
 use super::{relay, PodContext, ProxyError, Shared, TrafficLabels, PROXY_MARK};
+use crate::ktls::splice;
 use std::sync::Arc;
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
 /// Serves one connection accepted on the outbound listener (`super::accept`).
@@ -70,14 +74,58 @@ pub(super) async fn proxy(
         }
         Some(expected) => {
             let tunnel = Tunnel::from_pod(pod, shared, target.addr.ip(), expected.clone())?;
+            let l = labels(expected.to_string());
+            if shared.kernel_tls.enabled() {
+                match transport::open(&tunnel, target.addr).await {
+                    Ok(Some(server)) => {
+                        settle(pick, true);
+                        return spliced(client, server, shared, &l).await;
+                    }
+                    // The peer proxy does not speak the transport: a CONNECT stream below.
+                    Ok(None) => {}
+                    Err(e) => {
+                        settle(pick, false);
+                        return Err(e);
+                    }
+                }
+            }
             let opened = shared.pool.open(&tunnel, target.addr).await;
             settle(pick, opened.is_ok());
             let mut server = hyper_util::rt::TokioIo::new(opened?);
-            let l = labels(expected.to_string());
+            shared.metrics.transport("outbound", "h2_connect");
             shared.metrics.opened(&l);
             let (read, written) = relay(&mut client, &mut server).await;
             shared.metrics.closed(&l, read, written);
         }
     }
+    Ok(())
+}
+
+/// Relays the pod's connection and a kernel TLS connection to the peer proxy with
+/// `splice(2)`; what detection read ahead goes first.
+async fn spliced(
+    client: Rewind<TcpStream>,
+    mut server: TcpStream,
+    shared: &Shared,
+    l: &TrafficLabels,
+) -> Result<(), ProxyError> {
+    let (ahead, client) = client.into_parts();
+    shared.metrics.transport("outbound", "kernel_tls");
+    shared.metrics.opened(l);
+    let sent = async {
+        server.write_all(&ahead).await?;
+        Ok::<_, std::io::Error>(ahead.len() as u64)
+    };
+    let (read, written) = match sent.await {
+        Ok(ahead) => {
+            let (read, written) = splice::relay(&client, &server, splice::Ktls::Server).await;
+            (ahead + read, written)
+        }
+        Err(error) => {
+            tracing::debug!(%error, "connection ended with an error");
+            (0, 0)
+        }
+    };
+    shared.metrics.closed(l, read, written);
     Ok(())
 }

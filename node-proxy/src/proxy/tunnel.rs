@@ -226,6 +226,21 @@ impl TunnelPool {
 }
 
 async fn connect(t: &Tunnel<'_>) -> Result<Sender, ProxyError> {
+    let (addr, tcp) = connect_tcp(t).await?;
+    tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake(t, addr, tcp))
+        .await
+        .map_err(|_| {
+            ProxyError::Timeout(format!(
+                "TLS and HTTP/2 handshakes with the peer proxy at {addr}: not done in {HANDSHAKE_TIMEOUT:?}"
+            ))
+        })?
+}
+
+/// A TCP connection from the source pod to the peer proxy's mesh port, within
+/// [`CONNECT_TIMEOUT`].
+pub(super) async fn connect_tcp(
+    t: &Tunnel<'_>,
+) -> Result<(SocketAddr, tokio::net::TcpStream), ProxyError> {
     let addr = SocketAddr::new(t.peer, MESH_PORT);
     let tcp = tokio::time::timeout(CONNECT_TIMEOUT, t.netns.connect(addr, PROXY_MARK))
         .await
@@ -238,13 +253,7 @@ async fn connect(t: &Tunnel<'_>) -> Result<Sender, ProxyError> {
             ProxyError::Upstream(format!("connecting to the peer proxy at {addr}: {e}"))
         })?;
     let _ = super::keepalive(&tcp);
-    tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake(t, addr, tcp))
-        .await
-        .map_err(|_| {
-            ProxyError::Timeout(format!(
-                "TLS and HTTP/2 handshakes with the peer proxy at {addr}: not done in {HANDSHAKE_TIMEOUT:?}"
-            ))
-        })?
+    Ok((addr, tcp))
 }
 
 async fn handshake(
