@@ -48,6 +48,9 @@ pub fn apply_always(config: &mut Config) {
         .unwrap_or_default();
     config.redirect = Redirect::Ebpf;
     config.sockmap = Sockmap::On;
+    // Sockmap's hops cannot be spliced: kernel TLS steps aside (even when the run asks for
+    // it with AMBIT_KERNEL_TLS=on, as the KVM guest pass does).
+    config.kernel_tls = ambit_proxy::ktls::Mode::Auto;
     config.cgroup_path = cgroup.to_path_buf();
     config.bpf_pin_dir = PathBuf::from(format!(
         "/sys/fs/bpf/{PREFIX}{}-{run}-{}",

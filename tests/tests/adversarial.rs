@@ -1916,3 +1916,128 @@ async fn connect_streams_reach_only_the_pods_own_application_ports() {
     m.served("after CONNECT probes").await;
     m.stop().await;
 }
+
+/// A stream of the opaque transport (ALPN `transport.ambit.dev/v1`, node-proxy/src/proxy/
+/// transport.rs) opened by a meshed peer (a stolen identity) against web's mesh port, as
+/// the client proxy would: `target` in the frame, the status frame read back.
+async fn transport_stream(
+    m: &Mesh,
+    own: Arc<CertifiedKey>,
+    frame: &[u8],
+) -> (
+    tokio_rustls::client::TlsStream<TcpStream>,
+    Option<(u16, String)>,
+) {
+    let mut config = tls::client_config(&m.bundle(), own, vec![web_id()]).unwrap();
+    config.alpn_protocols = vec![b"transport.ambit.dev/v1".to_vec()];
+    let mut s = m.mesh_tls_with(config).await.unwrap();
+    assert_eq!(
+        s.get_ref().1.alpn_protocol(),
+        Some(&b"transport.ambit.dev/v1"[..]),
+        "the mesh port offers the opaque transport"
+    );
+    s.write_all(frame).await.unwrap();
+    s.flush().await.unwrap();
+    let status = tokio::time::timeout(PROMPTLY, async {
+        let status = s.read_u16().await.ok()?;
+        let len = s.read_u16().await.ok()?;
+        let mut cause = vec![0; usize::from(len)];
+        s.read_exact(&mut cause).await.ok()?;
+        Some((status, String::from_utf8_lossy(&cause).into_owned()))
+    })
+    .await
+    .unwrap();
+    (s, status)
+}
+
+fn target_frame(target: &str) -> Vec<u8> {
+    let mut f = (target.len() as u16).to_be_bytes().to_vec();
+    f.extend_from_slice(target.as_bytes());
+    f
+}
+
+/// The opaque transport on 4143 answers as CONNECT streams do: only the destination pod's
+/// own application ports, each refusal with its status and reason; a frame that is not a
+/// target closes the connection (counted); a good stream relays both ways with half-close,
+/// through kernel TLS where the proxy has it (rustls here speaks to it in user space).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn opaque_transport_streams_reach_only_the_pods_own_application_ports() {
+    let m = Mesh::start("advtransport", |_| {}).await;
+    let stolen = stolen_identity(&m.cp, "cli").await;
+    for (target, status, reason) in [
+        ("10.78.2.10:4140", 403, "proxy's own ports"),
+        ("10.78.2.10:4143", 403, "proxy's own ports"),
+        ("10.78.2.10:4144", 403, "proxy's own ports"),
+        ("10.78.2.11:8080", 403, "not an address of this pod"),
+    ] {
+        let (mut s, got) = transport_stream(&m, stolen.clone(), &target_frame(target)).await;
+        let (got_status, why) = got.unwrap_or_else(|| panic!("{target}: no status frame"));
+        assert_eq!(got_status, status, "{target}");
+        assert!(why.contains(reason), "{target}: {why:?}");
+        // Nothing more: the connection ends (cleanly) after a refusal.
+        let mut rest = Vec::new();
+        let end = tokio::time::timeout(PROMPTLY, s.read_to_end(&mut rest)).await;
+        assert!(matches!(end, Ok(Ok(0))), "{target}: {end:?}");
+    }
+    // Frames that are not a target: too long, not an address. Closed without a status,
+    // counted as the client's errors.
+    let client_errors = |m: &str| {
+        metric_sum(
+            m,
+            "tcp_errors_total",
+            &["direction=\"inbound\"", "error=\"client\""],
+        )
+    };
+    let before = client_errors(&m.metrics_b().await);
+    let mut long = 500u16.to_be_bytes().to_vec();
+    long.extend([b'1'; 500]);
+    for frame in [long, target_frame("web.shop:7000")] {
+        let (_, got) = transport_stream(&m, stolen.clone(), &frame).await;
+        assert_eq!(got, None, "{frame:?}");
+    }
+    let mb = m.metrics_b().await;
+    assert!(client_errors(&mb) >= before + 2, "bad frames counted: {mb}");
+
+    // A good stream to web's echo app: 1 MiB up, half-closed; the echo back, whole, then
+    // the end — through kernel TLS on web's side when its proxy has it.
+    let (mut s, got) = transport_stream(&m, stolen.clone(), &target_frame("10.78.2.10:7000")).await;
+    assert_eq!(got, Some((200, String::new())));
+    let data = garbage(1 << 20, 11);
+    let (mut r, mut w) = tokio::io::split(&mut s);
+    let send = async {
+        w.write_all(&data).await?;
+        w.shutdown().await
+    };
+    let mut back = Vec::new();
+    let (sent, received) = tokio::time::timeout(Duration::from_secs(20), async {
+        tokio::join!(send, r.read_to_end(&mut back))
+    })
+    .await
+    .unwrap();
+    sent.unwrap();
+    received.unwrap_or_else(|e| panic!("the echo's end was not clean: {e}"));
+    assert!(
+        back == data,
+        "echo through the transport: {} bytes",
+        back.len()
+    );
+    let (_, dump) = admin_get(m.b.admin_addr, "/config_dump").await;
+    let dump: serde_json::Value = serde_json::from_str(&dump).unwrap();
+    let carried = if dump["kernel_tls"]["enabled"] == true {
+        "kernel_tls"
+    } else {
+        "tls"
+    };
+    let mb = m.metrics_b().await;
+    assert_eq!(
+        metric_sum(
+            &mb,
+            "tcp_mesh_transport_total",
+            &["direction=\"inbound\"", &format!("transport=\"{carried}\"")],
+        ),
+        1,
+        "{mb}"
+    );
+    m.served("after transport probes").await;
+    m.stop().await;
+}

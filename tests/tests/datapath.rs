@@ -195,6 +195,31 @@ async fn meshed_pods_talk_through_both_proxies_with_mutual_tls() {
     )
     .unwrap();
     assert!(line.ends_with(&format!(" {}", 2 * data.len())), "{line}");
+    // Both streams were carried as /config_dump says: on kernel TLS connections of their
+    // own where the kernel has TLS (the KVM guest pass), else CONNECT streams.
+    let dump: serde_json::Value =
+        serde_json::from_str(&ambit_e2e::http_get(a.admin_addr, "/config_dump").await.1).unwrap();
+    let kernel_tls = &dump["kernel_tls"];
+    assert!(
+        kernel_tls["why"].as_str().is_some_and(|w| !w.is_empty()),
+        "{kernel_tls}"
+    );
+    let carried = if kernel_tls["enabled"] == true {
+        "kernel_tls"
+    } else {
+        "h2_connect"
+    };
+    for (m, direction) in [(&ma, "outbound"), (&mb, "inbound")] {
+        let labels = [
+            &format!("direction=\"{direction}\"")[..],
+            &format!("transport=\"{carried}\""),
+        ];
+        assert_eq!(
+            metric_sum(m, "tcp_mesh_transport_total", &labels),
+            2,
+            "{kernel_tls}\n{m}"
+        );
+    }
 
     // A client outside the mesh reaches the server in plaintext through 4144.
     let got = echo_through(
