@@ -59,8 +59,8 @@ pub fn apply_always(config: &mut Config) {
     ));
 }
 
-/// `--redirect` and `--sockmap` for the real binary, as [`apply`] set them.
-pub fn binary_args(config: &Config) -> [&'static str; 4] {
+/// `--redirect`, `--sockmap` and `--kernel-tls` for the real binary, as [`apply`] set them.
+pub fn binary_args(config: &Config) -> [&'static str; 6] {
     let redirect = match config.redirect {
         Redirect::Ebpf => "ebpf",
         _ => "nftables",
@@ -69,7 +69,19 @@ pub fn binary_args(config: &Config) -> [&'static str; 4] {
         Sockmap::On => "on",
         Sockmap::Off => "off",
     };
-    ["--redirect", redirect, "--sockmap", sockmap]
+    let kernel_tls = match config.kernel_tls {
+        ambit_proxy::ktls::Mode::Auto => "auto",
+        ambit_proxy::ktls::Mode::On => "on",
+        ambit_proxy::ktls::Mode::Off => "off",
+    };
+    [
+        "--redirect",
+        redirect,
+        "--sockmap",
+        sockmap,
+        "--kernel-tls",
+        kernel_tls,
+    ]
 }
 
 /// This process's cgroup in sockmap mode: made, and the process moved in, once.

@@ -199,6 +199,87 @@ async fn read_status(r: &mut (impl AsyncRead + Unpin)) -> std::io::Result<(u16, 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::netns::Netns;
+    use crate::testing::{TestCa, TestNetns};
+    use ambit_api::WorkloadIdentity;
+
+    /// A peer proxy's mesh port in `netns` offering `alpn`: when the transport is chosen, it
+    /// reads the target, answers 200 and echoes in user space (rustls).
+    async fn peer(netns: &Netns, ca: &TestCa, id: &WorkloadIdentity, alpn: Vec<Vec<u8>>) {
+        let listener = netns
+            .bind(SocketAddr::from(([127, 0, 0, 1], super::super::MESH_PORT)))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let mut config = tls::server_config(&ca.bundle(), ca.certified_key(id))
+            .unwrap_or_else(|e| panic!("{e}"));
+        config.alpn_protocols = alpn;
+        config.send_tls13_tickets = 0;
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                let acceptor = acceptor.clone();
+                tokio::spawn(async move {
+                    let Ok(mut s) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    if s.get_ref().1.alpn_protocol() != Some(TRANSPORT_ALPN) {
+                        return;
+                    }
+                    if read_target(&mut s).await.is_err() {
+                        return;
+                    }
+                    let _ = s.write_all(&status_frame(200, "")).await;
+                    let (mut r, mut w) = tokio::io::split(s);
+                    let _ = tokio::io::copy(&mut r, &mut w).await;
+                    let _ = w.shutdown().await;
+                });
+            }
+        });
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_peer_without_the_transport_leaves_the_stream_to_connect_and_one_with_it_carries_it() {
+        let ca = TestCa::new("cluster.local");
+        let (cli, web) = (ca.identity("shop", "cli"), ca.identity("shop", "web"));
+        let bundle = ca.bundle();
+        let target: SocketAddr = "127.0.0.1:7000".parse().unwrap_or_else(|e| panic!("{e}"));
+        for offered in [vec![tls::MESH_ALPN.to_vec()], vec![TRANSPORT_ALPN.to_vec()]] {
+            let ns = TestNetns::new("transport");
+            let netns = Netns::open(&ns.path()).unwrap_or_else(|e| panic!("{e}"));
+            peer(&netns, &ca, &web, offered.clone()).await;
+            let t = Tunnel {
+                netns: &netns,
+                source: (&cli, ca.certified_key(&cli)),
+                expected: web.clone(),
+                peer: std::net::IpAddr::from([127, 0, 0, 1]),
+                bundle: &bundle,
+            };
+            let opened = open(&t, target).await;
+            if offered[0] == tls::MESH_ALPN {
+                // A proxy of an earlier version: no stream here, a CONNECT stream instead.
+                assert!(matches!(opened, Ok(None)), "{:?}", opened.map(|_| ()));
+                continue;
+            }
+            match crate::ktls::probe() {
+                // Kernel TLS on our side, rustls on the peer's: the same records.
+                Ok(()) => {
+                    let mut s = opened
+                        .unwrap_or_else(|e| panic!("{e}"))
+                        .unwrap_or_else(|| panic!("the transport was offered"));
+                    s.write_all(b"ping").await.unwrap_or_else(|e| panic!("{e}"));
+                    let mut got = [0u8; 4];
+                    s.read_exact(&mut got).await.unwrap_or_else(|e| panic!("{e}"));
+                    assert_eq!(&got, b"ping");
+                }
+                // Never called so where the kernel has no TLS (`KernelTls` is off); the
+                // failure is precise.
+                Err(_) => {
+                    let err = opened.map(|_| ()).unwrap_err();
+                    assert!(err.to_string().contains("TCP_ULP"), "{err}");
+                }
+            }
+        }
+    }
 
     #[tokio::test]
     async fn frames_round_trip_and_bad_ones_are_refused() {
