@@ -51,7 +51,7 @@ events { worker_connections 4096; }
 http {
     access_log off;
     keepalive_requests 1000000;
-    server { listen 8080; root $WORK/www; }
+    server { listen 8080; listen 8081; root $WORK/www; }
 }
 CONF
     ip netns exec "$ns" nginx -c "$WORK/nginx-$name.conf" &

@@ -5,6 +5,9 @@
 #   REDIRECT=nftables sudo bench/mesh/run.sh   (default: ebpf)
 #   SOCKMAP=1 sudo bench/mesh/run.sh       (a fifth path: the mesh with --sockmap on)
 #   SOCKMAP=1 SOCKMAP_FLAG=off ...          (the same fifth path with it off: a control)
+#   KTLS=1 sudo bench/mesh/run.sh          (a fifth path: the mesh with --kernel-tls off,
+#                                           beside `mesh` with kernel TLS; needs a kernel
+#                                           with TLS, e.g. in scripts/vm/run.sh)
 #
 # Topology (network namespaces on a bridge, nothing leaves this machine):
 #   cli   meshed client pod on node-a  (redirected by its proxy: eBPF or nftables)
@@ -28,8 +31,13 @@
 #           TCP. Every proxy then runs in a cgroup below its node's (as on a node, where the
 #           programs hang off the root cgroup), so that sockops pairs their sockets too and
 #           the two mesh paths differ by the flag alone.
+#   connect (KTLS=1) the mesh through node-c and node-d started with --kernel-tls off:
+#           cli3 -> proxy node-c -> CONNECT stream on the pooled tunnel -> proxy node-d ->
+#           srv3, while `mesh` takes a kernel TLS connection of its own per opaque stream
 # Each path runs oha keep-alive, oha new connection per request (not relay: socat forks per
-# connection) and iperf3 single stream. Results: bench/mesh/results/<timestamp>/ and a
+# connection) and iperf3 single stream; with KTLS=1 also oha new connection per request to
+# a port the server pods mark opaque (8081: nginx again), the case kernel TLS costs a
+# handshake for. Results: bench/mesh/results/<timestamp>/ and a
 # summary on stdout. With eBPF, the programs attach to cgroups made for the run (never the
 # machine's root), and every client process runs in node-a's.
 set -euo pipefail
@@ -47,6 +55,10 @@ CG_ROOT=$(awk '$3 == "cgroup2" {print $2; exit}' /proc/mounts)
 CG_A=$CG_ROOT/$P-a CG_B=$CG_ROOT/$P-b CG_R=$CG_ROOT/$P-relay
 CG_C=$CG_ROOT/$P-c CG_D=$CG_ROOT/$P-d
 SOCKMAP=${SOCKMAP:-}
+KTLS=${KTLS:-}
+[ -n "$SOCKMAP" ] && [ -n "$KTLS" ] && { echo "SOCKMAP=1 and KTLS=1: one at a time" >&2; exit 2; }
+# The fifth path through node-c and node-d, if any.
+SECOND=${SOCKMAP:+sockmap}${KTLS:+connect}
 OUT=$ROOT/bench/mesh/results/$(date -u +%Y%m%dT%H%M%SZ)
 mkdir -p "$OUT"
 PIDS=()
@@ -65,7 +77,7 @@ trap cleanup EXIT
 mkdir "$CG_A" "$CG_B" "$CG_R"
 # A client process: in its node's cgroup (node-a's; node-c's for the sockmap path), in the
 # client pod's netns.
-declare -A CG=([direct]=$CG_A [relay]=$CG_A [mesh]=$CG_A [policy]=$CG_A [sockmap]=$CG_C)
+declare -A CG=([direct]=$CG_A [relay]=$CG_A [mesh]=$CG_A [policy]=$CG_A [sockmap]=$CG_C [connect]=$CG_C)
 client() { local ns=$1; shift; in_pod "$CG_A" "$ns" "$@"; }
 
 # --- topology ----------------------------------------------------------------------------
@@ -95,7 +107,7 @@ status: {podIP: $DIR, phase: Running}
 ---
 apiVersion: v1
 kind: Pod
-metadata: {name: srv, namespace: bench, annotations: {local.ambit.dev/netns: /run/netns/$P-srv}}
+metadata: {name: srv, namespace: bench, annotations: {local.ambit.dev/netns: /run/netns/$P-srv, config.ambit.dev/opaque-ports: "8081"}}
 spec: {nodeName: node-b, serviceAccountName: server, containers: []}
 status: {podIP: $SRV, phase: Running}
 ---
@@ -155,7 +167,7 @@ status: {podIP: $CLI3, phase: Running}
 ---
 apiVersion: v1
 kind: Pod
-metadata: {name: srv3, namespace: bench, annotations: {local.ambit.dev/netns: /run/netns/$P-srv3}}
+metadata: {name: srv3, namespace: bench, annotations: {local.ambit.dev/netns: /run/netns/$P-srv3, config.ambit.dev/opaque-ports: "8081"}}
 spec: {nodeName: node-d, serviceAccountName: server, containers: []}
 status: {podIP: $SRV3, phase: Running}
 YAML
@@ -199,17 +211,23 @@ for node in a b; do
     eval "PROXY_${node^^}=$!"
 done
 PORTS=(14191 14192)
-if [ -n "$SOCKMAP" ]; then
+if [ -n "$SECOND" ]; then
     # node-c and node-d: the same proxies with --sockmap on, each in a cgroup below its
-    # node's, where its programs are attached (a node's root cgroup holds its proxy too).
+    # node's, where its programs are attached (a node's root cgroup holds its proxy too);
+    # or with --kernel-tls off.
     mkdir "$CG_C" "$CG_D"
+    if [ -n "$SOCKMAP" ]; then
+        flags=(--redirect ebpf --sockmap "${SOCKMAP_FLAG:-on}")
+    else
+        flags=(--redirect "$REDIRECT" --kernel-tls off)
+    fi
     for node in c d; do
         port=$([ $node = c ] && echo 14193 || echo 14194)
         in_node_cgroup $node "$BIN/ambit-proxy" --node-name "node-$node" --identity-url https://127.0.0.1:18080 \
             --discovery-url https://127.0.0.1:18086 --policy-url https://127.0.0.1:18090 \
             --token-file "$WORK/node-$node.token" \
             --trust-anchors "$WORK/pki/trust-anchor.crt" --admin-addr "127.0.0.1:$port" --log warn \
-            --redirect ebpf --sockmap "${SOCKMAP_FLAG:-on}" --cgroup-path "$CG_ROOT/$P-$node" --bpf-pin-dir "/sys/fs/bpf/$P-$node" \
+            "${flags[@]}" --cgroup-path "$CG_ROOT/$P-$node" --bpf-pin-dir "/sys/fs/bpf/$P-$node" \
             --cni-socket '' --run-dir "$WORK/run-$node" \
             2>"$OUT/proxy-$node.log" &
         PIDS+=($!)
@@ -230,6 +248,15 @@ if [ -n "$SOCKMAP" ]; then
         esac
     done
 fi
+if [ -n "$KTLS" ]; then
+    # Kernel TLS on node-a and node-b, off on node-c and node-d: the two mesh paths differ
+    # by the flag alone.
+    for port in 14191 14192 14193 14194; do
+        want=$([ "$port" -le 14192 ] && echo true || echo false)
+        said=$(curl -s "127.0.0.1:$port/config_dump" | python3 -c 'import json,sys; k=json.load(sys.stdin)["kernel_tls"]; print(str(k["enabled"]).lower(), k["why"])')
+        [ "${said%% *}" = "$want" ] || { echo "kernel TLS on the proxy on $port: $said (wanted enabled=$want)" >&2; exit 1; }
+    done
+fi
 
 # Each proxy redirects its meshed pods ($REDIRECT).
 # Peak memory of start-up alone, before any traffic.
@@ -243,7 +270,7 @@ start_servers "$P-sdir" sdir
 NGINX_SDIR=${PIDS[-2]}
 start_servers "$P-srv2" srv2
 NGINX_SRV2=${PIDS[-2]}
-if [ -n "$SOCKMAP" ]; then
+if [ -n "$SECOND" ]; then
     start_servers "$P-srv3" srv3
     NGINX_SRV3=${PIDS[-2]}
 fi
@@ -262,7 +289,7 @@ sleep 1
 NGINX_WORKER_SRV=$(pgrep -P "$NGINX_SRV")
 NGINX_WORKER_SDIR=$(pgrep -P "$NGINX_SDIR")
 NGINX_WORKER_SRV2=$(pgrep -P "$NGINX_SRV2")
-NGINX_WORKER_SRV3=$([ -n "$SOCKMAP" ] && pgrep -P "$NGINX_SRV3" || echo "")
+NGINX_WORKER_SRV3=$([ -n "$SECOND" ] && pgrep -P "$NGINX_SRV3" || echo "")
 # The policy path's route and authorization reached the proxies: the route's metrics count
 # a request, and the Server's policy allowed it.
 for _ in $(seq 1 100); do
@@ -276,16 +303,17 @@ curl -s 127.0.0.1:14191/metrics | grep -q 'route_name="web"' || { echo "the poli
 
 TICK=$(getconf CLK_TCK)
 
-declare -A CLIENT=([direct]=$P-dir [relay]=$P-dir [mesh]=$P-cli [policy]=$P-cli [sockmap]=$P-cli3)
-declare -A HTTP=([direct]=$SDIR:8080 [relay]=127.0.0.1:18080 [mesh]=$SRV:8080 [policy]=$WEB:8080 [sockmap]=$SRV3:8080)
-declare -A IPERF=([direct]="$SDIR -p 5201" [relay]="127.0.0.1 -p 15201" [mesh]="$SRV -p 5201" [sockmap]="$SRV3 -p 5201")
-declare -A NGINX_WORKER=([direct]=$NGINX_WORKER_SDIR [relay]=$NGINX_WORKER_SDIR [mesh]=$NGINX_WORKER_SRV [policy]=$NGINX_WORKER_SRV2 [sockmap]=$NGINX_WORKER_SRV3)
+declare -A CLIENT=([direct]=$P-dir [relay]=$P-dir [mesh]=$P-cli [policy]=$P-cli [sockmap]=$P-cli3 [connect]=$P-cli3)
+declare -A HTTP=([direct]=$SDIR:8080 [relay]=127.0.0.1:18080 [mesh]=$SRV:8080 [policy]=$WEB:8080 [sockmap]=$SRV3:8080 [connect]=$SRV3:8080)
+declare -A IPERF=([direct]="$SDIR -p 5201" [relay]="127.0.0.1 -p 15201" [mesh]="$SRV -p 5201" [sockmap]="$SRV3 -p 5201" [connect]="$SRV3 -p 5201")
+declare -A NGINX_WORKER=([direct]=$NGINX_WORKER_SDIR [relay]=$NGINX_WORKER_SDIR [mesh]=$NGINX_WORKER_SRV [policy]=$NGINX_WORKER_SRV2 [sockmap]=$NGINX_WORKER_SRV3 [connect]=$NGINX_WORKER_SRV3)
 
-run_oha() { # path keepalive(yes|no) file
-    local extra=()
-    [ "$2" = no ] && extra=(--disable-keepalive)
+run_oha() { # path keepalive(yes|no|opaque: new connections to the opaque port) file
+    local extra=() url=${HTTP[$1]}
+    [ "$2" != yes ] && extra=(--disable-keepalive)
+    [ "$2" = opaque ] && url=${url%:8080}:8081
     in_pod "${CG[$1]}" "${CLIENT[$1]}" "$OHA" -z 15s -q 1000 -c 16 --latency-correction --no-tui --output-format json \
-        "${extra[@]}" "http://${HTTP[$1]}/1k" > "$3"
+        "${extra[@]}" "http://$url/1k" > "$3"
 }
 
 # CPU of what is in the path besides the client and server, in microseconds: both proxies
@@ -293,7 +321,7 @@ run_oha() { # path keepalive(yes|no) file
 path_cpu() { # path
     case $1 in
         mesh|policy) echo $(( ($(cpu "$PROXY_A") + $(cpu "$PROXY_B")) * 1000000 / TICK )) ;;
-        sockmap) echo $(( ($(cpu "$PROXY_C") + $(cpu "$PROXY_D")) * 1000000 / TICK )) ;;
+        sockmap|connect) echo $(( ($(cpu "$PROXY_C") + $(cpu "$PROXY_D")) * 1000000 / TICK )) ;;
         relay) awk '$1 == "usage_usec" {print $2}' "$CG_R/cpu.stat" ;;
         *) echo 0 ;;
     esac
@@ -350,10 +378,11 @@ fi
 
 for round in $(seq 1 "$ROUNDS"); do
     # The sockmap path right after the mesh path, so that the two are side by side in time.
-    for path in direct relay mesh ${SOCKMAP:+sockmap} policy; do
-        for ka in yes no; do
+    for path in direct relay mesh $SECOND policy; do
+        for ka in yes no ${KTLS:+opaque}; do
             [ "${ONLY:-}" = iperf ] && continue
-            [ "$path" = relay ] && [ "$ka" = no ] && continue
+            [ "$path" = relay ] && [ "$ka" != yes ] && continue
+            [ "$path" = policy ] && [ "$ka" = opaque ] && continue
             c0=$(path_cpu $path); n0=$(cpu "${NGINX_WORKER[$path]}")
             # Halfway through, what TCP carried on the client's in-pod hop (ss): next to
             # nothing where sockmap moves the bytes.
@@ -387,4 +416,4 @@ for node in A B; do
 done
 
 [ "${ONLY:-}" = iperf ] && { cat "$OUT"/mem-start-proxy-*.txt "$OUT"/mem-proxy-*.txt; for f in "$OUT"/iperf-*.json; do printf "%s %.2f Gbit/s\n" "$(basename "$f" .json)" "$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['end']['sum_received']['bits_per_second']/1e9)" "$f")"; done; exit 0; }
-{ echo "Redirection: $REDIRECT${SOCKMAP:+ (and a sockmap path)}"; python3 "$ROOT/bench/mesh/summarize.py" "$OUT" "$ROUNDS"; } | tee "$OUT/summary.md"
+{ echo "Redirection: $REDIRECT${SOCKMAP:+ (and a sockmap path)}${KTLS:+ (and a path with --kernel-tls off)}"; python3 "$ROOT/bench/mesh/summarize.py" "$OUT" "$ROUNDS"; } | tee "$OUT/summary.md"

@@ -137,3 +137,27 @@ for node in ("A", "B"):
         f"{mem['VmRSS'].strip()} at rest; VmHWM {mem['VmHWM'].strip()} "
         f"(start-up alone reached {mem.get('VmHWMStart', '?').strip()})"
     )
+
+if oha("connect", "yes", 1) is not None:
+    print("\n## Kernel TLS: opaque streams on a kTLS connection of their own, against CONNECT streams\n")
+    print("`mesh`: node-a and node-b with kernel TLS (an opaque stream gets its own mTLS")
+    print("connection, handed to the kernel and spliced); `connect`: node-c and node-d with")
+    print("--kernel-tls off (a CONNECT stream on the pooled HTTP/2 tunnel). HTTP rides the")
+    print("tunnel either way. Each path's CPU is its two proxies'.\n")
+    print("| measurement | direct | two plain relays | mesh, kernel TLS | mesh, CONNECT streams |")
+    print("|---|---|---|---|---|")
+    g = {p: [iperf(p, x)["gbps"] for x in rounds] for p in ("direct", "relay", "mesh", "connect")}
+    print("| iperf3 single stream (Gbit/s) | " + " | ".join(fmt(g[p], 2) for p in ("direct", "relay", "mesh", "connect")) + " |")
+    gb = {p: [seconds(f"iperf-{p}-{x}") / max(iperf(p, x)["bytes"] / 1e9, 1e-9) for x in rounds] for p in ("relay", "mesh", "connect")}
+    print("| CPU-seconds per GB (iperf3) | – | " + " | ".join(fmt(gb[p]) for p in ("relay", "mesh", "connect")) + " |")
+    for q in ("p50", "p99"):
+        print(f"| opaque, new connection per request, {q} (ms) | " + " | ".join(
+            fmt(series(p, "opaque", q)) for p in ("direct",)) + " | – | " + " | ".join(
+            fmt(series(p, "opaque", q)) for p in ("mesh", "connect")) + " |")
+    print("| opaque, new connection per request, success rate | " + fmt(series("direct", "opaque", "ok"), 4)
+          + " | – | " + " | ".join(fmt(series(p, "opaque", "ok"), 4) for p in ("mesh", "connect")) + " |")
+    print("| opaque, new connection per request, CPU-seconds per 1000 | – | – | "
+          + " | ".join(fmt(per_1000(p, "opaque"), 4) for p in ("mesh", "connect")) + " |")
+    for ka, label in (("yes", "keep-alive"), ("no", "new connection per request")):
+        print(f"| HTTP {label}, CPU-seconds per 1000 | – | {fmt(per_1000('relay', ka), 4) if ka == 'yes' else '–'} | "
+              + " | ".join(fmt(per_1000(p, ka), 4) for p in ("mesh", "connect")) + " |")

@@ -9,9 +9,16 @@
 #
 #   scripts/vm/run.sh [--] COMMAND [ARG...]
 #
-# AMBIT_VM_MEM (4G), AMBIT_VM_CPUS (2) size the guest. Needs root and /dev/kvm. What it
-# installs or builds is cached in /var/cache/ambit-vm (the kernel, its modules, the
-# initramfs); a second run boots in seconds.
+# AMBIT_VM_MEM (4G), AMBIT_VM_CPUS (2) size the guest; AMBIT_VM_TIMEOUT (seconds, 0: none)
+# bounds it; AMBIT_VM_ACCEL (auto) is kvm or tcg. Needs root. What it installs or builds is
+# cached in /var/cache/ambit-vm (the kernel, its modules, the initramfs); a run of `true`
+# takes ~10 s.
+#
+# KVM: these machines are themselves guests of a PVM hypervisor (the kvm module is
+# kvm_pvm, no VMX/SVM): their /dev/kvm opens, but only boots kernels built as PVM guests
+# (Debian's hangs at once). So the guest is emulated (TCG, multi-threaded) unless the host
+# has a hardware KVM (kvm_intel, kvm_amd): correct, but ~10x slower than the host, and
+# 40-150 ms a fork+exec.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 [ "${1:-}" = "--" ] && shift
@@ -20,11 +27,17 @@ here="$(cd "$(dirname "$0")" && pwd)"
 cache=/var/cache/ambit-vm
 mem="${AMBIT_VM_MEM:-4G}"
 cpus="${AMBIT_VM_CPUS:-2}"
-# kvm where it works; tcg (emulation, several times slower) where it does not.
-accel="${AMBIT_VM_ACCEL:-tcg}"
+timeout_s="${AMBIT_VM_TIMEOUT:-0}"
+accel="${AMBIT_VM_ACCEL:-auto}"
+if [ "$accel" = auto ]; then
+    accel=tcg
+    if [ -w /dev/kvm ] && { [ -d /sys/module/kvm_intel ] || [ -d /sys/module/kvm_amd ]; }; then
+        accel=kvm
+    fi
+fi
 case "$accel" in
-    kvm) cpu=(-accel kvm -cpu host,-arch-capabilities) ;;
-    tcg) cpu=(-accel tcg,thread=multi -cpu max) ;;
+    kvm) cpu=(-accel kvm -cpu host) ;;
+    tcg) cpu=(-accel tcg,thread=multi,tb-size=512 -cpu max,la57=off) ;;
     *) echo "scripts/vm: AMBIT_VM_ACCEL is kvm or tcg, not $accel" >&2; exit 2 ;;
 esac
 
@@ -80,21 +93,25 @@ xfer="$(mktemp -d /tmp/ambit-vm.XXXXXX)"
 trap 'rm -rf "$xfer"' EXIT
 printf '%q ' "$@" > "$xfer/cmd"
 {
-    printf 'export PATH=%q HOME=%q LANG=C.UTF-8 AMBIT_VM_CWD=%q\n' "$PATH" "$HOME" "$PWD"
+    # Without pyenv's shims: each costs ~20 s in an emulated guest; Debian's python3 serves.
+    path="$(printf '%s' "$PATH" | tr ':' '\n' | grep -v pyenv | paste -sd:)"
+    printf 'export PATH=%q HOME=%q LANG=C.UTF-8 AMBIT_VM_CWD=%q\n' "$path" "$HOME" "$PWD"
     env | grep -E '^(AMBIT_|CARGO_|RUST)[A-Za-z0-9_]*=' | while IFS='=' read -r k v; do
         printf 'export %s=%q\n' "$k" "$v"
     done
 } > "$xfer/env"
 
-qemu-system-x86_64 \
-    "${cpu[@]}" -smp "$cpus" -m "$mem" \
-    -nographic -no-reboot -nic none -serial mon:stdio -display none \
-    -kernel "$cache/root/boot/vmlinuz-$kver" -initrd "$cache/initramfs.gz" \
-    -append "console=ttyS0 quiet loglevel=3 panic=-1 ambit_work=$PWD ambit_modules=$modules" \
-    -virtfs local,path=/,mount_tag=hostroot,security_model=passthrough,readonly=on,multidevs=remap \
-    -virtfs "local,path=$PWD,mount_tag=work,security_model=passthrough" \
-    -virtfs "local,path=$xfer,mount_tag=xfer,security_model=passthrough" \
-    </dev/null
-
-[ -f "$xfer/rc" ] || { echo "scripts/vm: the guest ended without the command's status" >&2; exit 1; }
+qemu=(qemu-system-x86_64 "${cpu[@]}" -smp "$cpus" -m "$mem"
+    -nographic -no-reboot -nic none -serial mon:stdio -display none
+    -nodefaults -bios /usr/share/qemu/qboot.rom
+    -kernel "$cache/root/boot/vmlinuz-$kver" -initrd "$cache/initramfs.gz"
+    -append "console=ttyS0 quiet loglevel=3 panic=-1 mitigations=off tsc=reliable ambit_work=$PWD ambit_modules=$modules"
+    -virtfs local,path=/,mount_tag=hostroot,security_model=passthrough,readonly=on,multidevs=remap
+    -virtfs "local,path=$PWD,mount_tag=work,security_model=passthrough,multidevs=remap"
+    -virtfs "local,path=$xfer,mount_tag=xfer,security_model=passthrough")
+[ "$timeout_s" = 0 ] || qemu=(timeout "$timeout_s" "${qemu[@]}")
+qrc=0
+"${qemu[@]}" </dev/null || qrc=$?
+[ "$qrc" != 124 ] || echo "scripts/vm: timed out after ${timeout_s} s (AMBIT_VM_TIMEOUT)" >&2
+[ -f "$xfer/rc" ] || { echo "scripts/vm: the guest ended without the command's status (qemu: $qrc)" >&2; exit 125; }
 exit "$(cat "$xfer/rc")"

@@ -30,7 +30,8 @@ use tokio::sync::watch;
 /// How often each client sends.
 const EVERY: Duration = Duration::from_millis(20);
 
-/// An opaque port (one of the defaults): relayed as a CONNECT stream, never parsed.
+/// An opaque port (one of the defaults): relayed as opaque TCP (a CONNECT stream, or a
+/// kernel TLS connection of its own), never parsed.
 const OPAQUE: u16 = 5432;
 
 fn cluster(t: &Topology) -> String {
@@ -265,7 +266,9 @@ async fn take_over(shared_admin: bool) {
             "{what}: {} failed: {failed:?}",
             failed.len()
         );
-        assert!(ok > 100, "{what}: only {ok} served");
+        // That the load ran across the hand-overs, not a rate: the host serves ~500 in this
+        // window, the emulated guest of scripts/ktls-tests.sh ~90.
+        assert!(ok > 40, "{what}: only {ok} served");
     }
     // The keep-alive client on node-b was moved to each new process (its connection
     // answered `connection: close`), not cut; node-a's proxy moved its tunnel (GOAWAY).
