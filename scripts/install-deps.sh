@@ -6,7 +6,8 @@
 #                                       the eBPF toolchain (nightly rust-src, bpf-linker)
 #   ./scripts/install-deps.sh --tests   and what only the test suite needs: openssl, the
 #                                       real CNI plugins, python3 with venv, Prometheus,
-#                                       rustfmt and clippy, cargo-fuzz
+#                                       rustfmt and clippy, cargo-fuzz, qemu (the
+#                                       kernel TLS guest)
 #
 # Needs root for the package installs (CI and the developer machines run as root).
 set -euo pipefail
@@ -20,8 +21,11 @@ packages=(protobuf-compiler iproute2 nftables curl)
 if [ "${1:-}" = --tests ]; then
     # openssl: chain checks; containernetworking-plugins: the real CNI plugins (bridge,
     # host-local, loopback) ambit-cni is chained with; python3: test clients and the Helm
-    # chart checks; prometheus: scrapes the demo's node proxies in cli/tests/demo.rs.
-    packages+=(openssl containernetworking-plugins python3 python3-venv prometheus)
+    # chart checks; prometheus: scrapes the demo's node proxies in cli/tests/demo.rs;
+    # qemu-system-x86, busybox-static, kmod: the guest with Debian's kernel that the kernel
+    # TLS tests run in (scripts/vm/run.sh, which fetches the kernel itself).
+    packages+=(openssl containernetworking-plugins python3 python3-venv prometheus
+        qemu-system-x86 busybox-static kmod)
 fi
 missing=()
 for p in "${packages[@]}"; do

@@ -50,6 +50,12 @@ log "data-path suites with sockmap (AMBIT_TEST_SOCKMAP=on)"
 AMBIT_TEST_SOCKMAP=on cargo test --locked -p ambit-e2e --test datapath --test http \
     --test redirection --test handover --test routes --test sockmap
 
+# The opaque transport with kernel TLS: this kernel has no TLS, so the suites that carry
+# opaque streams run again in a guest booting Debian's own kernel, where every proxy must
+# use it (scripts/ktls-tests.sh; ~3 minutes, emulated).
+log "kernel TLS: suites in a guest with Debian's kernel (AMBIT_KERNEL_TLS=on)"
+./scripts/ktls-tests.sh
+
 # Every fuzz target for a short bounded time from the committed corpus (docs/FUZZING.md);
 # a longer run by hand is `./scripts/fuzz.sh 300`.
 log "fuzzing (20 s a target)"
