@@ -8,6 +8,7 @@
 #   KTLS=1 sudo bench/mesh/run.sh          (a fifth path: the mesh with --kernel-tls off,
 #                                           beside `mesh` with kernel TLS; needs a kernel
 #                                           with TLS, e.g. in scripts/vm/run.sh)
+#   KTLS=1 PROFILE=iperf-syscalls ...      (system calls per GB of both, then stop)
 #
 # Topology (network namespaces on a bridge, nothing leaves this machine):
 #   cli   meshed client pod on node-a  (redirected by its proxy: eBPF or nftables)
@@ -205,7 +206,7 @@ for node in a b; do
         --token-file "$WORK/node-$node.token" \
         --trust-anchors "$WORK/pki/trust-anchor.crt" --admin-addr "127.0.0.1:$port" --log warn \
         --redirect "$REDIRECT" --cgroup-path "$CG_ROOT/$P-$node" --bpf-pin-dir "/sys/fs/bpf/$P-$node" \
-        --cni-socket '' --run-dir "$WORK/run-$node" \
+        --cni-socket '' --run-dir "$WORK/run-$node" ${KTLS:+--kernel-tls on} \
         2>"$OUT/proxy-$node.log" &
     PIDS+=($!)
     eval "PROXY_${node^^}=$!"
@@ -356,6 +357,42 @@ for name, v in rows.items():
     a, b = v.get("a", 0) / n, v.get("b", 0) / n
     if a or b:
         print(f"{name:12} {a:8.2f} {b:8.2f}")
+PY
+    exit 0
+fi
+
+if [ "${PROFILE:-}" = iperf-syscalls ]; then
+    # System calls of the two proxies of the mesh path (and, with KTLS=1, of the connect
+    # path) per GB of one iperf3 stream, by the kernel's tracepoints; then stop. A count
+    # that does not depend on how fast the machine is: what kernel TLS and splice change.
+    events=writev,write,sendmsg,sendto,read,readv,recvfrom,recvmsg,splice,epoll_wait,futex
+    events=$(printf 'syscalls:sys_enter_%s,' ${events//,/ }); events=${events%,}
+    for path in mesh ${KTLS:+connect}; do
+        pids=$([ "$path" = mesh ] && echo "$PROXY_A,$PROXY_B" || echo "$PROXY_C,$PROXY_D")
+        perf stat -x, -e "$events" -p "$pids" -o "$OUT/syscalls-iperf-$path.csv" &
+        stat=$!
+        sleep 0.5
+        # shellcheck disable=SC2086 # host and port are two words
+        in_pod "${CG[$path]}" "${CLIENT[$path]}" iperf3 -c ${IPERF[$path]} -t 10 -J > "$OUT/iperf-syscalls-$path.json"
+        kill -INT "$stat"; wait "$stat" || true
+    done
+    python3 - "$OUT" ${KTLS:+connect} <<'PY'
+import json, sys
+out, paths = sys.argv[1], ["mesh"] + sys.argv[2:]
+rows, gb = {}, {}
+for p in paths:
+    gb[p] = json.load(open(f"{out}/iperf-syscalls-{p}.json"))["end"]["sum_received"]["bytes"] / 1e9
+    for line in open(f"{out}/syscalls-iperf-{p}.csv"):
+        f = line.strip().split(",")
+        if len(f) > 2 and f[2].startswith("syscalls:sys_enter_") and f[0].isdigit():
+            rows.setdefault(f[2].removeprefix("syscalls:sys_enter_"), {})[p] = int(f[0]) / gb[p]
+print("system calls of both proxies per GB of one iperf3 stream ("
+      + ", ".join(f"{p}: {gb[p]:.2f} GB" for p in paths) + ")")
+print(f"{'':12}" + "".join(f"{p:>12}" for p in paths))
+for name, v in rows.items():
+    if any(v.values()):
+        print(f"{name:12}" + "".join(f"{v.get(p, 0):12.0f}" for p in paths))
+print(f"{'total':12}" + "".join(f"{sum(v.get(p, 0) for v in rows.values()):12.0f}" for p in paths))
 PY
     exit 0
 fi

@@ -163,8 +163,10 @@ pub struct Config {
     /// handed to kernel TLS after the handshake and relayed with `splice(2)`: `auto` (when
     /// the kernel has TLS — `CONFIG_TLS`, the `tls` module loaded — and sockmap is off;
     /// HTTP/2 CONNECT streams on the pooled tunnel otherwise), `on` (required: no start
-    /// without it), `off`. `/config_dump` says which and why.
-    #[arg(long, env = env::KERNEL_TLS, value_enum, default_value = "auto")]
+    /// without it), `off`. `/config_dump` says which and why. Off by default: measured
+    /// so far only in an emulated guest, where it cost more than CONNECT streams
+    /// (BENCHMARKS.md, "Kernel TLS").
+    #[arg(long, env = env::KERNEL_TLS, value_enum, default_value = "off")]
     pub kernel_tls: crate::ktls::Mode,
     /// Where the eBPF maps and links are pinned (on bpffs); they outlive the proxy, so a
     /// meshed pod stays redirected (and fails closed) while it restarts.

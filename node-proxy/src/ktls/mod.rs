@@ -196,11 +196,11 @@ pub fn read_control(socket: &impl AsFd) -> io::Result<()> {
 #[serde(rename_all = "lowercase")]
 pub enum Mode {
     /// When this kernel has it (and sockmap is off); today's HTTP/2 CONNECT streams otherwise.
-    #[default]
     Auto,
     /// Required: the proxy does not start without it.
     On,
-    /// Never: opaque streams ride HTTP/2 CONNECT streams on the pooled tunnel.
+    /// Never: opaque streams ride HTTP/2 CONNECT streams on the pooled tunnel (the default).
+    #[default]
     Off,
 }
 

@@ -13,8 +13,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::io::Interest;
 use tokio::net::TcpStream;
 
-/// Bytes asked of one `splice` into a pipe: the pipe's default capacity (16 pages).
-const CHUNK: usize = 64 * 1024;
+/// The pipe each direction's bytes pass through: what one `splice` out moves at most.
+/// Filled from as many reads as the source has ready before it is drained (a kTLS socket
+/// gives one record, at most 16 KiB, per `splice`; a TCP socket what has arrived): fewer,
+/// larger writes, and full TLS records on the way out. 256 KiB: 8 system calls a MiB at
+/// best, as the user-space relay's 64 KiB buffers do 16 (BENCHMARKS.md, "Kernel TLS").
+const PIPE_SIZE: usize = 256 * 1024;
 
 /// Which side of a relay is the kTLS socket.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,35 +55,52 @@ async fn pump(
     moved: &AtomicU64,
 ) -> io::Result<()> {
     loop {
-        let n = fill(from, pipe, from_tls).await?;
-        if n == 0 {
+        let (n, end) = fill(from, pipe, from_tls).await?;
+        let mut left = n;
+        while left > 0 {
+            left -= writing(to, || splice(&pipe.read, to, left)).await?;
+        }
+        moved.fetch_add(n as u64, Ordering::Relaxed);
+        if end {
             if !from_tls {
                 // `to` is the kTLS socket: a clean TLS end before the FIN.
                 writing(to, || super::send_close_notify(to)).await?;
             }
             return shutdown_write(to);
         }
-        let mut left = n;
-        while left > 0 {
-            left -= writing(to, || splice(&pipe.read, to, left)).await?;
-        }
-        moved.fetch_add(n as u64, Ordering::Relaxed);
     }
 }
 
-/// Moves what `from` has (up to [`CHUNK`]) into the empty pipe; 0 at the end of the stream
-/// (a FIN, or the peer's `close_notify` on a kTLS socket).
-async fn fill(from: &TcpStream, pipe: &Pipe, from_tls: bool) -> io::Result<usize> {
+/// Moves what `from` has into the empty pipe — waiting for a first byte, then as much
+/// more as is there without waiting, up to the pipe's size. Returns the bytes in the pipe
+/// and whether the stream ended (a FIN, or the peer's `close_notify` on a kTLS socket).
+async fn fill(from: &TcpStream, pipe: &Pipe, from_tls: bool) -> io::Result<(usize, bool)> {
+    let mut n = 0;
     loop {
-        from.readable().await?;
-        match from.try_io(Interest::READABLE, || splice(from, &pipe.write, CHUNK)) {
-            Ok(n) => return Ok(n),
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+        if n == 0 {
+            from.readable().await?;
+        }
+        match from.try_io(Interest::READABLE, || splice(from, &pipe.write, pipe.size - n)) {
+            Ok(0) => return Ok((n, true)),
+            Ok(m) => {
+                n += m;
+                if n == pipe.size {
+                    return Ok((n, false));
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                if n > 0 {
+                    return Ok((n, false));
+                }
+            }
             // kTLS splices data records only: a control record (an alert) is next.
             Err(e) if from_tls && e.raw_os_error() == Some(libc::EINVAL) => {
                 match super::read_control(from) {
-                    Ok(()) => return Ok(0),
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                    Ok(()) => return Ok((n, true)),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock && n > 0 => {
+                        return Ok((n, false))
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                     Err(e) => return Err(e),
                 }
             }
@@ -125,12 +146,22 @@ fn splice(from: impl AsFd, to: impl AsFd, len: usize) -> io::Result<usize> {
 struct Pipe {
     read: OwnedFd,
     write: OwnedFd,
+    /// Its capacity: [`PIPE_SIZE`], or what the kernel allowed.
+    size: usize,
 }
 
 impl Pipe {
     fn new() -> io::Result<Self> {
-        use nix::fcntl::OFlag;
+        use nix::fcntl::{fcntl, FcntlArg, OFlag};
         let (read, write) = nix::unistd::pipe2(OFlag::O_CLOEXEC | OFlag::O_NONBLOCK)?;
-        Ok(Self { read, write })
+        // Beyond /proc/sys/fs/pipe-max-size (1 MiB by default) only with CAP_SYS_RESOURCE;
+        // the default (64 KiB) serves when the kernel says no.
+        let size = fcntl(&write, FcntlArg::F_SETPIPE_SZ(PIPE_SIZE as libc::c_int))
+            .or_else(|_| fcntl(&write, FcntlArg::F_GETPIPE_SZ))?;
+        Ok(Self {
+            read,
+            write,
+            size: size as usize,
+        })
     }
 }
