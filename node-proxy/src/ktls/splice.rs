@@ -80,7 +80,9 @@ async fn fill(from: &TcpStream, pipe: &Pipe, from_tls: bool) -> io::Result<(usiz
         if n == 0 {
             from.readable().await?;
         }
-        match from.try_io(Interest::READABLE, || splice(from, &pipe.write, pipe.size - n)) {
+        match from.try_io(Interest::READABLE, || {
+            splice(from, &pipe.write, pipe.size - n)
+        }) {
             Ok(0) => return Ok((n, true)),
             Ok(m) => {
                 n += m;
