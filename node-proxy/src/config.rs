@@ -164,8 +164,8 @@ pub struct Config {
     /// the kernel has TLS — `CONFIG_TLS`, the `tls` module loaded — and sockmap is off;
     /// HTTP/2 CONNECT streams on the pooled tunnel otherwise), `on` (required: no start
     /// without it), `off`. `/config_dump` says which and why. Off by default: measured
-    /// so far only in an emulated guest, where it cost more than CONNECT streams
-    /// (BENCHMARKS.md, "Kernel TLS").
+    /// so far only in an emulated guest, where it was level with CONNECT streams in bulk
+    /// and cost 4x their CPU per new connection (BENCHMARKS.md, "Kernel TLS").
     #[arg(long, env = env::KERNEL_TLS, value_enum, default_value = "off")]
     pub kernel_tls: crate::ktls::Mode,
     /// Where the eBPF maps and links are pinned (on bpffs); they outlive the proxy, so a
