@@ -9,12 +9,11 @@ use crate::tls::TrustBundle;
 use crate::token::TokenSource;
 use ambit_api::WorkloadIdentity;
 use prometheus_client::registry::Registry;
-use serde_json::json;
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::os::fd::AsFd;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
@@ -230,19 +229,23 @@ pub async fn run_taking_over(
     };
     let admin = Admin {
         registry: Arc::new(registry),
-        ready: ready_probe(
+        ready: crate::readiness::ready_probe(
             identities.clone(),
             state_rx.clone(),
             (pods.clone(), serving.clone(), held.clone()),
             config.node_name.clone(),
             stopping.subscribe(),
         ),
-        dump: trust.config_dump(persister.config_dump(config_dump(
-            config.clone(),
-            identities.clone(),
-            state_rx.clone(),
-            bundle.clone(),
-            (redirector.clone(), pods.clone(), kernel_tls.clone()),
+        dump: trust.config_dump(persister.config_dump(crate::config_dump::config_dump(
+            crate::config_dump::Sources {
+                config: config.clone(),
+                identities: identities.clone(),
+                state: state_rx.clone(),
+                bundle: bundle.clone(),
+                redirector: redirector.clone(),
+                cni_pods: pods.clone(),
+                kernel_tls: kernel_tls.clone(),
+            },
         ))),
         log_level,
         shutdown: drain_tx.clone(),
@@ -267,7 +270,12 @@ pub async fn run_taking_over(
     let mut handed_cni = None;
     let mut took_over = None;
     if let Some(predecessor) = predecessor {
-        let can_serve = until_can_serve(&identities, &state_rx, &policy_rx, &config.node_name);
+        let can_serve = crate::readiness::until_can_serve(
+            &identities,
+            &state_rx,
+            &policy_rx,
+            &config.node_name,
+        );
         tokio::select! {
             _ = &mut shutdown => {
                 drop(predecessor);
@@ -502,67 +510,6 @@ async fn drain_connections(limits: &crate::limits::Limits, grace: Duration) {
     }
 }
 
-/// Resolves once this process has what serving the node's pods needs: discovery's
-/// snapshot, the policy snapshot, and a certificate for every identity on the node.
-async fn until_can_serve(
-    identities: &IdentityManager,
-    state: &watch::Receiver<Arc<DiscoveryState>>,
-    policy: &watch::Receiver<Arc<crate::policy::PolicyState>>,
-    node: &str,
-) {
-    let mut every = tokio::time::interval(Duration::from_millis(50));
-    let mut last = String::new();
-    loop {
-        every.tick().await;
-        let why = if policy.borrow().synced() {
-            can_serve(identities, &state.borrow(), node).err()
-        } else {
-            Some("the policy has not been delivered yet".into())
-        };
-        match why {
-            None => return,
-            Some(why) if why != last => {
-                tracing::info!(%why, "waiting before taking over");
-                last = why;
-            }
-            Some(_) => {}
-        }
-    }
-}
-
-/// `Err` says what serving the node's pods still lacks: discovery's snapshot, or
-/// certificates.
-fn can_serve(identities: &IdentityManager, s: &DiscoveryState, node: &str) -> Result<(), String> {
-    if !s.synced {
-        return Err("discovery has not delivered a snapshot yet".into());
-    }
-    // Every identity discovery has on this node, whether or not the identity manager has
-    // been told of it yet (it follows discovery asynchronously): checking only what the
-    // manager holds answered "ready" with identities still to come.
-    let certified: std::collections::BTreeSet<String> = identities
-        .status()
-        .into_iter()
-        .filter(|st| st.not_after.is_some())
-        .map(|st| st.identity.to_string())
-        .collect();
-    let missing: Vec<_> = s
-        .local_workloads(node)
-        .iter()
-        .map(|w| w.identity.to_string())
-        .collect::<std::collections::BTreeSet<_>>()
-        .into_iter()
-        .filter(|id| !certified.contains(id))
-        .collect();
-    if missing.is_empty() {
-        Ok(())
-    } else {
-        Err(format!(
-            "no valid certificate yet for {}",
-            missing.join(", ")
-        ))
-    }
-}
-
 /// Keeps the identity manager's pods in line with discovery's view of this node: a new
 /// identity is fetched as soon as its first pod appears, and dropped with its last.
 pub async fn reconcile_identities(
@@ -596,122 +543,4 @@ pub async fn reconcile_identities(
             changed = state.changed() => if changed.is_err() { return },
         }
     }
-}
-
-fn ready_probe(
-    identities: IdentityManager,
-    state: watch::Receiver<Arc<DiscoveryState>>,
-    (pods, serving, held): (
-        crate::cni::PodRegistry,
-        crate::pods::ServingPods,
-        crate::pods::HeldPods,
-    ),
-    node: String,
-    stopping: watch::Receiver<Option<String>>,
-) -> admin::ReadyProbe {
-    Arc::new(move || {
-        if let Some(why) = stopping.borrow().clone() {
-            return Err(why);
-        }
-        let s = state.borrow().clone();
-        if !s.synced {
-            return Err("discovery has not delivered a snapshot yet".into());
-        }
-        let open = serving.borrow().clone();
-        let waiting: Vec<_> = crate::pods::to_serve(&s, &pods.pods(), &node)
-            .into_values()
-            .filter(|w| open.get(&w.key()) != w.netns.as_ref())
-            .map(|w| w.key())
-            .collect();
-        if !waiting.is_empty() {
-            return Err(format!("listeners not open yet for {}", waiting.join(", ")));
-        }
-        let held = held.borrow().clone();
-        if !held.is_empty() {
-            let pods: Vec<_> = held.iter().map(|(k, why)| format!("{k} ({why})")).collect();
-            return Err(format!(
-                "redirected but not served, their traffic refused (fail closed): {}",
-                pods.join(", ")
-            ));
-        }
-        can_serve(&identities, &s, &node)
-    })
-}
-
-/// PEM of a certificate chain.
-fn pem_chain(chain: &[rustls_pki_types::CertificateDer<'_>]) -> String {
-    chain
-        .iter()
-        .map(|c| pem::encode(&pem::Pem::new("CERTIFICATE", c.to_vec())))
-        .collect()
-}
-
-fn unix(t: SystemTime) -> u64 {
-    t.duration_since(SystemTime::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
-}
-
-fn config_dump(
-    config: Config,
-    identities: IdentityManager,
-    state: watch::Receiver<Arc<DiscoveryState>>,
-    bundle: TrustBundle,
-    (redirector, cni_pods, kernel_tls): (
-        crate::proxy::Redirector,
-        crate::cni::PodRegistry,
-        crate::ktls::KernelTls,
-    ),
-) -> admin::ConfigDump {
-    Arc::new(move || {
-        let s = state.borrow().clone();
-        let cni = cni_pods.pods();
-        let pods: Vec<_> = crate::pods::to_serve(&s, &cni, &config.node_name)
-            .values()
-            .map(|w| {
-                json!({
-                    "pod": w.key(),
-                    "uid": w.uid,
-                    "ips": w.ips,
-                    "identity": w.identity.to_string(),
-                    "workload": w.workload,
-                    "netns": w.netns,
-                    "cni_sandbox": cni.get(&w.key()).map(|p| p.container_id.clone()),
-                    "source": cni.get(&w.key()).map(|p| p.source),
-                    "opaque_ports": w.opaque_ports.to_string(),
-                    "skip_inbound_ports": w.skip_inbound_ports.to_string(),
-                    "skip_outbound_ports": w.skip_outbound_ports.to_string(),
-                })
-            })
-            .collect();
-        let ids: Vec<_> = identities
-            .status()
-            .into_iter()
-            .map(|st| {
-                json!({
-                    "identity": st.identity.to_string(),
-                    "pods": st.pods,
-                    "cert_not_after_unix": st.not_after.map(unix),
-                    // Public certificates (leaf first), for `ambit check --proxy`.
-                    "cert_chain_pem": pem_chain(&st.chain),
-                })
-            })
-            .collect();
-        json!({
-            "version": env!("CARGO_PKG_VERSION"),
-            // Which process answers: after a hand-over, the new one.
-            "pid": std::process::id(),
-            "config": config,
-            "redirect_mode": redirector.mode(),
-            "sockmap": redirector.sockmap().to_string(),
-            "kernel_tls": kernel_tls.config_dump(),
-            "trust_anchors": bundle.anchors().len(),
-            "discovery": {
-                "synced": s.synced,
-                "workloads": s.workloads().count(),
-            },
-            "pods": pods,
-            "identities": ids,
-        })
-    })
 }

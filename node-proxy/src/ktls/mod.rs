@@ -239,15 +239,6 @@ impl KernelTls {
         }
     }
 
-    /// A state that never uses kernel TLS (tests of other parts).
-    pub fn disabled() -> Self {
-        Self {
-            mode: Mode::Off,
-            enabled: false,
-            why: "off".into(),
-        }
-    }
-
     /// Whether opaque streams take their own kTLS connection.
     pub fn enabled(&self) -> bool {
         self.enabled
