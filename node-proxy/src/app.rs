@@ -398,10 +398,15 @@ pub async fn run_taking_over(
         .run(drained()),
     );
     if let Some((predecessor, first_pass)) = took_over {
+        // Not ready until the predecessor has stopped accepting (and says so on its own
+        // /ready): two processes never both answer ready for the same pods.
+        let pid = predecessor.pid;
+        stopping.send_replace(Some(format!("taking over from the proxy with pid {pid}")));
         // Once the handed-over pods are served here, the predecessor stops accepting.
         let served = first_pass.await.unwrap_or(0);
-        let pid = predecessor.pid;
-        match predecessor.serving().await {
+        let confirmed = predecessor.serving().await;
+        stopping.send_replace(None);
+        match confirmed {
             Ok(()) => tracing::info!(
                 pid,
                 pods = served,
@@ -428,6 +433,7 @@ pub async fn run_taking_over(
             cni: cni_fd.map(|fd| (fd, cni_gate)),
             lifecycle: lifecycle_tx,
             in_progress: in_progress.clone(),
+            stopping: stopping.clone(),
         },
     ));
     tracing::info!(config = %serde_json::to_string(&config).unwrap_or_default(), "ambit-proxy started");

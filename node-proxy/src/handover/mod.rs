@@ -192,6 +192,9 @@ pub struct Running {
     pub lifecycle: mpsc::Sender<Request>,
     /// Whether a successor is in the middle of a hand-over (a SIGTERM then waits for it).
     pub in_progress: Arc<watch::Sender<bool>>,
+    /// Why this process no longer serves, for /ready: set before the successor hears that
+    /// it may call itself ready.
+    pub stopping: Arc<watch::Sender<Option<String>>>,
 }
 
 /// Serves the hand-over socket at `listener`, one successor at a time, until one has taken
@@ -305,6 +308,9 @@ async fn successor(channel: &Channel, running: &Running) -> io::Result<u32> {
         pid,
         "the new proxy serves every pod: stopped accepting, draining"
     );
+    running.stopping.send_replace(Some(format!(
+        "handed over to the proxy with pid {pid}; draining"
+    )));
     // The successor may be gone by now; it has the listeners either way.
     let _ = channel.send(&Message::Released, &[]).await;
     Ok(pid)
