@@ -469,7 +469,9 @@ async fn a_successor_that_dies_before_taking_over_leaves_the_old_proxy_serving()
     for l in &loads {
         let failed = l.all_failed();
         assert!(failed.is_empty(), "{} failed: {failed:?}", failed.len());
-        assert!(l.total_ok() > 50);
+        // That the load ran throughout, not a rate: the emulated guest of
+        // scripts/ktls-tests.sh serves a fraction of what the host does.
+        assert!(l.total_ok() > 10, "only {} served", l.total_ok());
     }
     assert!(old.exited().is_none());
 
