@@ -44,16 +44,15 @@ log "cargo test"
 # The binaries the demo's end-to-end test (cli/tests/demo.rs) runs beside `ambit`.
 cargo build --locked -p ambit-control -p ambit-proxy
 cargo test --workspace --locked
-# The data-path suites again with sockmap on the in-pod hops (eBPF redirection, --sockmap
-# on: tests/src/sockmap.rs); about a minute.
-log "data-path suites with sockmap (AMBIT_TEST_SOCKMAP=on)"
-AMBIT_TEST_SOCKMAP=on cargo test --locked -p ambit-e2e --test datapath --test http \
-    --test redirection --test handover --test routes --test sockmap
+# The whole end-to-end suite again with sockmap on the in-pod hops (eBPF redirection,
+# --sockmap on for every proxy: tests/src/sockmap.rs); about 5 minutes.
+log "end-to-end suite with sockmap (AMBIT_TEST_SOCKMAP=on)"
+AMBIT_TEST_SOCKMAP=on cargo test --locked -p ambit-e2e
 
-# The opaque transport with kernel TLS: this kernel has no TLS, so the suites that carry
-# opaque streams run again in a guest booting Debian's own kernel, where every proxy must
-# use it (scripts/ktls-tests.sh; ~3 minutes, emulated).
-log "kernel TLS: suites in a guest with Debian's kernel (AMBIT_KERNEL_TLS=on)"
+# And with kernel TLS for opaque streams: this kernel has no TLS, so the suite runs again
+# in a guest booting Debian's own kernel, where every proxy must use it
+# (scripts/ktls-tests.sh; ~17 minutes, emulated).
+log "kernel TLS: the end-to-end suite in a guest with Debian's kernel (AMBIT_KERNEL_TLS=on)"
 ./scripts/ktls-tests.sh
 
 # Every fuzz target for a short bounded time from the committed corpus (docs/FUZZING.md);

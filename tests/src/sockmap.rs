@@ -1,5 +1,5 @@
-//! `AMBIT_TEST_SOCKMAP=on`: the data-path suites run again with sockmap on the in-pod
-//! hops (`scripts/test.sh` does), to show that nothing an application sees changes.
+//! `AMBIT_TEST_SOCKMAP=on`: the whole end-to-end suite runs again with sockmap on the
+//! in-pod hops (`scripts/test.sh` does), to show that nothing an application sees changes.
 //!
 //! Sockmap needs eBPF redirection, and `sockops` must run for both ends of each hop: the
 //! test's in-process applications and the in-process proxies. So in this mode this test
@@ -49,7 +49,7 @@ pub fn apply_always(config: &mut Config) {
     config.redirect = Redirect::Ebpf;
     config.sockmap = Sockmap::On;
     // Sockmap's hops cannot be spliced: kernel TLS steps aside (even when the run asks for
-    // it with AMBIT_KERNEL_TLS=on, as the KVM guest pass does).
+    // it with AMBIT_KERNEL_TLS=on, as the emulated guest's pass does).
     config.kernel_tls = ambit_proxy::ktls::Mode::Auto;
     config.cgroup_path = cgroup.to_path_buf();
     config.bpf_pin_dir = PathBuf::from(format!(
