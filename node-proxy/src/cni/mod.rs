@@ -5,6 +5,7 @@
 //! - [`CniServer`]: the unix socket (`/var/run/ambit/cni.sock`), one request per
 //!   connection ([`ambit_api::cni`]), the netns riding along as a file descriptor.
 //! - [`peer`]: who may talk to the socket (root, and optionally the plugin's binary only).
+//! - `wire`: one request read off the socket with its descriptor; `metrics`: its counters.
 //!
 //! The descriptor of an `ADD` must be a network namespace (nsfs, `NS_GET_NSTYPE`), and a
 //! sandbox the proxy holds is never moved to another network namespace; `DEL` and
@@ -14,26 +15,25 @@
 //! annotations. The proxy waits a while for discovery to show a pod it has not seen yet
 //! (the API server knows a pod before its sandbox exists, so this is short).
 
+mod metrics;
 pub mod peer;
 pub mod registry;
+mod wire;
 
+pub use metrics::{CniLabels, CniMetrics, PeerLabels};
 pub use peer::{PeerPolicy, PEER_REFUSED};
 pub use registry::{CniPod, CniPods, PodRegistry, PodSource};
 
 use crate::discovery::DiscoveryState;
 use crate::pods::ServingPods;
-use ambit_api::cni::{code, decode, encode, PodAdd, PodRef, Request, Response};
-use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
-use prometheus_client::registry::Registry;
+use ambit_api::cni::{code, encode, PodAdd, PodRef, Request, Response};
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::watch;
 
@@ -44,62 +44,6 @@ const READ_TIMEOUT: Duration = Duration::from_secs(5);
 /// answered "try again later" (code 11) without being read, so that a flood of
 /// connections cannot hold the proxy's descriptors and memory.
 pub const MAX_CONNECTIONS: usize = 256;
-
-/// Labels of `cni_requests_total`.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct CniLabels {
-    /// add, del, check, status, gc, invalid, or busy (not read: too many at once).
-    pub command: String,
-    /// redirected, not_meshed, ok, or error.
-    pub result: String,
-}
-
-/// Labels of `cni_peers_refused_total`.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct PeerLabels {
-    /// uid, binary, pid_namespace, or unverifiable ([`peer::Refusal::reason`]).
-    pub reason: String,
-}
-
-/// Metrics of the CNI socket.
-#[derive(Clone, Debug, Default)]
-pub struct CniMetrics {
-    requests: Family<CniLabels, Counter>,
-    peers_refused: Family<PeerLabels, Counter>,
-}
-
-impl CniMetrics {
-    /// Registers `cni_requests_total` and `cni_peers_refused_total`.
-    pub fn register(registry: &mut Registry) -> Self {
-        let m = Self::default();
-        registry.register(
-            "cni_requests",
-            "Requests from the CNI plugin, by command and result",
-            m.requests.clone(),
-        );
-        registry.register(
-            "cni_peers_refused",
-            "Connections to the CNI socket refused before their request was read: a peer that is not root, or not the plugin's binary, or that could not be checked",
-            m.peers_refused.clone(),
-        );
-        m
-    }
-
-    fn count(&self, command: &str, response: &Response) {
-        let result = match response {
-            Response::Redirected => "redirected",
-            Response::NotMeshed => "not_meshed",
-            Response::Ok => "ok",
-            Response::Error { .. } => "error",
-        };
-        self.requests
-            .get_or_create(&CniLabels {
-                command: command.into(),
-                result: result.into(),
-            })
-            .inc();
-    }
-}
 
 /// What the CNI socket needs of the proxy.
 #[derive(Clone, Debug)]
@@ -223,12 +167,7 @@ impl CniServer {
         // The peer first: nothing it sends is read (nor any descriptor taken) unless it
         // may talk to the proxy.
         if let Err(refusal) = self.peers.check(&stream) {
-            self.metrics
-                .peers_refused
-                .get_or_create(&PeerLabels {
-                    reason: refusal.reason.into(),
-                })
-                .inc();
+            self.metrics.peer_refused(refusal.reason);
             let response = error(PEER_REFUSED, refusal.msg, refusal.details);
             self.metrics.count("invalid", &response);
             if let Response::Error { msg, details, .. } = &response {
@@ -255,7 +194,7 @@ impl CniServer {
             return;
         }
         let (command, response) =
-            match tokio::time::timeout(READ_TIMEOUT, read_request(&stream)).await {
+            match tokio::time::timeout(READ_TIMEOUT, wire::read_request(&stream)).await {
                 Ok(Ok((request, fd))) => {
                     let command = command_name(&request);
                     (command, self.handle(request, fd).await)
@@ -539,65 +478,4 @@ fn command_name(r: &Request) -> &'static str {
         Request::Status => "status",
         Request::Gc { .. } => "gc",
     }
-}
-
-/// Reads one framed request, and the file descriptor that came with it (if any).
-async fn read_request(stream: &UnixStream) -> io::Result<(Request, Option<OwnedFd>)> {
-    let mut buf = Vec::new();
-    let mut fd = None;
-    loop {
-        stream.readable().await?;
-        let mut chunk = [0u8; 8192];
-        let read = stream.try_io(Interest::READABLE, || {
-            recv_with_fd(stream.as_raw_fd(), &mut chunk)
-        });
-        match read {
-            Ok((0, _)) => {
-                return Err(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    "the plugin closed before a whole request",
-                ))
-            }
-            Ok((n, got)) => {
-                buf.extend_from_slice(&chunk[..n]);
-                if got.is_some() {
-                    fd = got;
-                }
-            }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-            Err(e) => return Err(e),
-        }
-        if let Some(request) = decode::<Request>(&buf).map_err(io::Error::other)? {
-            return Ok((request, fd));
-        }
-    }
-}
-
-/// The most descriptors one message can carry (the kernel's `SCM_MAX_FD`).
-const SCM_MAX_FD: usize = 253;
-
-/// `recvmsg` keeping the first descriptor; any extra descriptors are closed. The control
-/// buffer has room for as many as a message can carry: one that did not fit would be
-/// installed in the proxy all the same, behind a truncated (`MSG_CTRUNC`) control message
-/// that cannot be read back — leaked.
-fn recv_with_fd(sock: RawFd, buf: &mut [u8]) -> io::Result<(usize, Option<OwnedFd>)> {
-    use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
-    let mut iov = [io::IoSliceMut::new(buf)];
-    let mut space = nix::cmsg_space!([RawFd; SCM_MAX_FD]);
-    let msg = recvmsg::<()>(sock, &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC)
-        .map_err(io::Error::from)?;
-    let mut fd = None;
-    for cmsg in msg.cmsgs().map_err(io::Error::from)? {
-        if let ControlMessageOwned::ScmRights(fds) = cmsg {
-            for raw in fds {
-                // SAFETY: the kernel just installed this descriptor for us; we own it.
-                #[allow(unsafe_code)]
-                let owned = unsafe { OwnedFd::from_raw_fd(raw) };
-                if fd.is_none() {
-                    fd = Some(owned);
-                }
-            }
-        }
-    }
-    Ok((msg.bytes, fd))
 }
