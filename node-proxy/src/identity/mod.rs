@@ -31,7 +31,7 @@ use rcgen::{CertificateParams, DistinguishedName, KeyPair, PKCS_ECDSA_P256_SHA25
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
-use tokio::sync::{watch, Notify};
+use tokio::sync::{watch, Notify, Semaphore};
 use tokio::task::JoinHandle;
 
 /// When and how the manager renews and retries.
@@ -45,6 +45,13 @@ pub struct IdentityConfig {
     pub backoff_initial: Duration,
     /// Longest retry delay.
     pub backoff_max: Duration,
+    /// Certificate requests in flight to the CA at once, over all identities (16). A node
+    /// that starts with many identities (a proxy restarted beside a thousand pods, one
+    /// ServiceAccount each) asks for them in turn instead of all at once: the CA is not
+    /// hit by a thousand signatures in the same instant, and the proxy does not hold a
+    /// thousand requests and answers in memory at once — whose freed pieces stayed
+    /// scattered over the heap for good.
+    pub max_requests_in_flight: usize,
 }
 
 impl Default for IdentityConfig {
@@ -54,6 +61,7 @@ impl Default for IdentityConfig {
             renew_jitter_fraction: 0.05,
             backoff_initial: Duration::from_secs(1),
             backoff_max: Duration::from_secs(60),
+            max_requests_in_flight: 16,
         }
     }
 }
@@ -107,6 +115,8 @@ struct Inner {
     restored: Mutex<BTreeMap<WorkloadIdentity, Restored>>,
     /// Bumped whenever a certificate is obtained, withdrawn or dropped.
     changes: watch::Sender<u64>,
+    /// Permits for requests to the CA ([`IdentityConfig::max_requests_in_flight`]).
+    in_flight: Arc<Semaphore>,
 }
 
 impl Drop for Inner {
@@ -143,8 +153,10 @@ pub struct NotManaged(pub WorkloadIdentity);
 impl IdentityManager {
     /// A manager that obtains certificates from `ca`. Must be created inside a tokio runtime.
     pub fn new(ca: Arc<dyn CaClient>, config: IdentityConfig, metrics: IdentityMetrics) -> Self {
+        let in_flight = Arc::new(Semaphore::new(config.max_requests_in_flight.max(1)));
         Self {
             inner: Arc::new(Inner {
+                in_flight,
                 ca,
                 config,
                 metrics,
@@ -191,6 +203,7 @@ impl IdentityManager {
                 metrics: self.inner.metrics.clone(),
                 changes: self.inner.changes.clone(),
                 renew: renew.clone(),
+                in_flight: self.inner.in_flight.clone(),
             },
             slot.clone(),
         ));
@@ -367,6 +380,7 @@ struct Shared {
     metrics: IdentityMetrics,
     changes: watch::Sender<u64>,
     renew: Arc<Notify>,
+    in_flight: Arc<Semaphore>,
 }
 
 /// Sleeps until `at`, or until asked to renew now.
@@ -391,6 +405,7 @@ async fn run(
         metrics,
         changes,
         renew,
+        in_flight,
     } = shared;
     let labels = IdentityLabels::new(&identity);
     let publish = |cert: Option<Arc<WorkloadCertificate>>| {
@@ -423,7 +438,15 @@ async fn run(
     }
     let mut backoff = config.backoff_initial;
     loop {
-        match fetch(&identity, &key, ca.as_ref()).await {
+        // Boxed: the request's state (CSR, the call) lives only while it runs, not in
+        // every identity's task for as long as the identity is on the node.
+        let fetched = {
+            let _permit = in_flight.acquire().await;
+            Box::pin(fetch(&identity, &key, ca.as_ref())).await
+        };
+        // When to wake next; nothing of this round is held while the task sleeps (the
+        // task sits in `until` for most of its life, for every identity on the node).
+        let wake = match fetched {
             Ok(cert) => {
                 metrics.refreshes.get_or_create(&labels).inc();
                 let not_after = cert.not_after();
@@ -436,7 +459,7 @@ async fn run(
                 tracing::info!(%identity, not_after = unix_seconds(not_after), "workload certificate obtained");
                 publish(Some(Arc::new(cert)));
                 backoff = config.backoff_initial;
-                until(refresh_at, &renew).await;
+                refresh_at
             }
             Err(error) => {
                 metrics.failures.get_or_create(&labels).inc();
@@ -465,14 +488,15 @@ async fn run(
                     delay = delay.min((left / 4).max(config.backoff_initial));
                 }
                 let retry_at = tokio::time::Instant::now() + delay;
+                backoff = (backoff * 2).min(config.backoff_max);
                 // Wake at expiry too, to withdraw an expired certificate promptly.
                 match current {
-                    Some(c) => until(retry_at.min(c.expires_at()), &renew).await,
-                    None => until(retry_at, &renew).await,
+                    Some(c) => retry_at.min(c.expires_at()),
+                    None => retry_at,
                 }
-                backoff = (backoff * 2).min(config.backoff_max);
             }
-        }
+        };
+        until(wake, &renew).await;
     }
 }
 

@@ -379,3 +379,79 @@ async fn renew_gets_certificates_of_the_new_issuer_at_once_and_unverified_ones_o
     until_verified_by(&m, &db, &old.bundle()).await;
     assert!(m.renew_unverified(&old.bundle()).is_empty());
 }
+
+/// A CA that answers each request a second after it came, counting the requests it holds
+/// at once.
+struct SlowCa {
+    ca: Arc<TestCa>,
+    now: Arc<std::sync::atomic::AtomicUsize>,
+    most: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl CaClient for SlowCa {
+    fn certify(
+        &self,
+        id: &WorkloadIdentity,
+        csr_der: Vec<u8>,
+    ) -> std::pin::Pin<
+        Box<
+            dyn std::future::Future<
+                    Output = Result<ambit_api::proto::identity::CertifyResponse, CaError>,
+                > + Send
+                + 'static,
+        >,
+    > {
+        let answer = self.ca.certify(id, csr_der);
+        let (now, most) = (self.now.clone(), self.most.clone());
+        Box::pin(async move {
+            let held = now.fetch_add(1, Ordering::SeqCst) + 1;
+            most.fetch_max(held, Ordering::SeqCst);
+            sleep(Duration::from_secs(1)).await;
+            now.fetch_sub(1, Ordering::SeqCst);
+            answer.await
+        })
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn asks_the_ca_for_at_most_so_many_certificates_at_once() {
+    let ca = TestCa::new("cluster.local");
+    *ca.lifetime.lock().unwrap() = LIFETIME;
+    let slow = Arc::new(SlowCa {
+        ca: ca.clone(),
+        now: Arc::default(),
+        most: Arc::default(),
+    });
+    let config = IdentityConfig {
+        max_requests_in_flight: 4,
+        ..no_jitter()
+    };
+    let m = IdentityManager::new(
+        slow.clone(),
+        config,
+        IdentityMetrics::register(&mut Registry::default()),
+    );
+    // Twenty identities arrive at once, as on a proxy started beside their pods.
+    let ids: Vec<_> = (0..20)
+        .map(|i| ca.identity("shop", &format!("sa-{i}")))
+        .collect();
+    for (i, id) in ids.iter().enumerate() {
+        m.pod_added(&format!("shop/pod-{i}"), id);
+    }
+    let start = Instant::now();
+    for id in &ids {
+        m.ready(id).await.unwrap();
+    }
+    assert_eq!(
+        ca.issued.load(Ordering::SeqCst),
+        20,
+        "every identity served"
+    );
+    assert_eq!(
+        slow.most.load(Ordering::SeqCst),
+        4,
+        "the CA held at most max_requests_in_flight requests at once"
+    );
+    // Five rounds of four, a second each.
+    assert_eq!(start.elapsed().as_secs(), 5);
+}

@@ -112,8 +112,19 @@ pub(super) fn load_all(
     restored
 }
 
-/// What is on disk now: file name → the leaf it holds.
-pub(super) type Written = BTreeMap<String, Vec<u8>>;
+/// What is on disk now: file name → the SHA-256 of the leaf it holds (a digest, not the
+/// leaf: with an identity per pod, a node's thousand leaves would be kept twice).
+pub(super) type Written = BTreeMap<String, LeafDigest>;
+
+/// The SHA-256 of a leaf certificate's DER.
+pub(super) type LeafDigest = [u8; 32];
+
+/// [`LeafDigest`] of `der`.
+pub(super) fn leaf_digest(der: &[u8]) -> LeafDigest {
+    let mut out = [0u8; 32];
+    out.copy_from_slice(aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, der).as_ref());
+    out
+}
 
 /// What [`sync`] did.
 #[derive(Debug, Default)]
@@ -136,12 +147,13 @@ pub(super) fn sync(
     let mut keep = BTreeSet::new();
     for cert in certs {
         let name = file_name(cert.identity());
-        let leaf = cert
-            .certified_key()
-            .cert
-            .first()
-            .map(|c| c.to_vec())
-            .unwrap_or_default();
+        let leaf = leaf_digest(
+            cert.certified_key()
+                .cert
+                .first()
+                .map(|c| c.as_ref())
+                .unwrap_or_default(),
+        );
         keep.insert(name.clone());
         if written.get(&name) == Some(&leaf) {
             continue;

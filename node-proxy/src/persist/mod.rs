@@ -200,7 +200,7 @@ fn load_from(
         let id = r.cert.identity();
         tracing::info!(identity = %id, not_after = ?r.cert.not_after(), "a certificate kept on disk is still valid; serving with it until it is renewed");
         if let Some(leaf) = r.cert.certified_key().cert.first() {
-            loaded.insert(identities::file_name(id), leaf.to_vec());
+            loaded.insert(identities::file_name(id), identities::leaf_digest(leaf));
         }
     }
     metrics.set_from_disk(Kind::Identity, certs.len() as i64);
