@@ -194,10 +194,10 @@ impl IdentityManager {
             }
         }
         let renew = Arc::new(Notify::new());
-        let task = tokio::spawn(run(
-            identity.clone(),
-            restored.map(|r| r.key),
-            Shared {
+        let task = tokio::spawn(run(Box::new(Task {
+            identity: identity.clone(),
+            restored: restored.map(|r| r.key),
+            shared: Shared {
                 ca: self.inner.ca.clone(),
                 config: self.inner.config.clone(),
                 metrics: self.inner.metrics.clone(),
@@ -205,8 +205,8 @@ impl IdentityManager {
                 renew: renew.clone(),
                 in_flight: self.inner.in_flight.clone(),
             },
-            slot.clone(),
-        ));
+            slot: slot.clone(),
+        })));
         entries.insert(
             identity.clone(),
             Entry {
@@ -393,12 +393,22 @@ async fn until(at: tokio::time::Instant, renew: &Notify) {
 
 /// Generates the identity's key (or goes on with a restored one, whose certificate is in
 /// `slot` already), then obtains and renews its certificate until aborted.
-async fn run(
+/// What an identity's task starts with: one box, so that the task's future does not hold
+/// these twice (as its arguments and as the locals they are moved into).
+struct Task {
     identity: WorkloadIdentity,
     restored: Option<KeyPair>,
     shared: Shared,
     slot: CertSlot,
-) {
+}
+
+async fn run(task: Box<Task>) {
+    let Task {
+        identity,
+        restored,
+        shared,
+        slot,
+    } = *task;
     let Shared {
         ca,
         config,
@@ -412,6 +422,9 @@ async fn run(
         slot.send_replace(cert);
         changes.send_modify(|n| *n += 1);
     };
+    // The key is kept as its PKCS#8 between requests and parsed for each one: parsed, it
+    // is an aws-lc key object of its own (~0.6 kB), and the certificate's rustls signer
+    // already holds one.
     let key = match restored {
         Some(key) => {
             if let Some(cert) = slot.borrow().clone() {
@@ -420,10 +433,10 @@ async fn run(
                     .get_or_create(&labels)
                     .set(unix_seconds(cert.not_after()));
             }
-            key
+            key.serialize_der()
         }
         None => match KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256) {
-            Ok(k) => k,
+            Ok(k) => k.serialize_der(),
             Err(error) => {
                 tracing::error!(%identity, %error, "cannot generate a key; the identity stays without a certificate");
                 return;
@@ -502,9 +515,11 @@ async fn run(
 
 async fn fetch(
     identity: &WorkloadIdentity,
-    key: &KeyPair,
+    key_pkcs8: &[u8],
     ca: &dyn CaClient,
 ) -> Result<WorkloadCertificate, CaError> {
+    let key = &KeyPair::try_from(key_pkcs8)
+        .map_err(|e| CaError::BadResponse(format!("reading the identity's own key: {e}")))?;
     // The CA decides every name in the certificate; the CSR only carries the key.
     let mut params = CertificateParams::default();
     params.distinguished_name = DistinguishedName::new();
