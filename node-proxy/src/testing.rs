@@ -15,8 +15,6 @@ use rcgen::{
     DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose, SanType,
 };
 use rustls_pki_types::CertificateDer;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
@@ -150,11 +148,7 @@ impl TestCa {
 }
 
 impl CaClient for TestCa {
-    fn certify(
-        &self,
-        id: &WorkloadIdentity,
-        csr_der: Vec<u8>,
-    ) -> Pin<Box<dyn Future<Output = Result<CertifyResponse, CaError>> + Send + 'static>> {
+    fn certify(&self, id: &WorkloadIdentity, csr_der: Vec<u8>) -> crate::identity::Certify {
         self.calls.fetch_add(1, Ordering::SeqCst);
         let result = if self.unavailable.load(Ordering::SeqCst) {
             Err(CaError::Unavailable("test CA is down".into()))

@@ -27,15 +27,14 @@ pub enum CaError {
     BadResponse(String),
 }
 
+/// The CA's answer to one CSR, to come.
+pub type Certify = Pin<Box<dyn Future<Output = Result<CertifyResponse, CaError>> + Send + 'static>>;
+
 /// Something that signs CSRs for workload identities: the control plane over gRPC, or an
 /// in-process CA in tests.
 pub trait CaClient: Send + Sync + 'static {
     /// Asks for a certificate for `id` with the public key of `csr_der`.
-    fn certify(
-        &self,
-        id: &WorkloadIdentity,
-        csr_der: Vec<u8>,
-    ) -> Pin<Box<dyn Future<Output = Result<CertifyResponse, CaError>> + Send + 'static>>;
+    fn certify(&self, id: &WorkloadIdentity, csr_der: Vec<u8>) -> Certify;
 }
 
 /// The control plane's identity service, reached over gRPC with the node's token.
@@ -58,11 +57,7 @@ impl GrpcCaClient {
 }
 
 impl CaClient for GrpcCaClient {
-    fn certify(
-        &self,
-        id: &WorkloadIdentity,
-        csr_der: Vec<u8>,
-    ) -> Pin<Box<dyn Future<Output = Result<CertifyResponse, CaError>> + Send + 'static>> {
+    fn certify(&self, id: &WorkloadIdentity, csr_der: Vec<u8>) -> Certify {
         let mut client = self.client.clone();
         let mut req = tonic::Request::new(CertifyRequest {
             namespace: id.namespace().to_string(),

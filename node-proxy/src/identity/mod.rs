@@ -21,7 +21,7 @@ mod ca;
 mod certificate;
 mod metrics;
 
-pub use ca::{CaClient, CaError, GrpcCaClient};
+pub use ca::{CaClient, CaError, Certify, GrpcCaClient};
 pub use certificate::WorkloadCertificate;
 pub use metrics::IdentityMetrics;
 

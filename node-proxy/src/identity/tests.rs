@@ -295,18 +295,7 @@ async fn kept_expired(m: &IdentityManager, id: &WorkloadIdentity) -> Restored {
 struct Switchable(std::sync::Mutex<Arc<TestCa>>);
 
 impl CaClient for Switchable {
-    fn certify(
-        &self,
-        id: &WorkloadIdentity,
-        csr_der: Vec<u8>,
-    ) -> std::pin::Pin<
-        Box<
-            dyn std::future::Future<
-                    Output = Result<ambit_api::proto::identity::CertifyResponse, CaError>,
-                > + Send
-                + 'static,
-        >,
-    > {
+    fn certify(&self, id: &WorkloadIdentity, csr_der: Vec<u8>) -> super::ca::Certify {
         let ca = self.0.lock().unwrap().clone();
         ca.certify(id, csr_der)
     }
@@ -389,18 +378,7 @@ struct SlowCa {
 }
 
 impl CaClient for SlowCa {
-    fn certify(
-        &self,
-        id: &WorkloadIdentity,
-        csr_der: Vec<u8>,
-    ) -> std::pin::Pin<
-        Box<
-            dyn std::future::Future<
-                    Output = Result<ambit_api::proto::identity::CertifyResponse, CaError>,
-                > + Send
-                + 'static,
-        >,
-    > {
+    fn certify(&self, id: &WorkloadIdentity, csr_der: Vec<u8>) -> super::ca::Certify {
         let answer = self.ca.certify(id, csr_der);
         let (now, most) = (self.now.clone(), self.most.clone());
         Box::pin(async move {
