@@ -391,8 +391,6 @@ async fn until(at: tokio::time::Instant, renew: &Notify) {
     }
 }
 
-/// Generates the identity's key (or goes on with a restored one, whose certificate is in
-/// `slot` already), then obtains and renews its certificate until aborted.
 /// What an identity's task starts with: one box, so that the task's future does not hold
 /// these twice (as its arguments and as the locals they are moved into).
 struct Task {
@@ -402,6 +400,8 @@ struct Task {
     slot: CertSlot,
 }
 
+/// Generates the identity's key (or goes on with a restored one, whose certificate is in
+/// `slot` already), then obtains and renews its certificate until aborted.
 async fn run(task: Box<Task>) {
     let Task {
         identity,
