@@ -177,7 +177,7 @@ impl Control {
             discovery::DiscoveryService::new(index.clone(), auth.clone(), discovery_metrics);
         let policy = policy::PolicyService::new(
             index.clone(),
-            discovery.publisher_handle(),
+            discovery.hub(),
             auth,
             policy::Defaults {
                 policy: config.default_inbound_policy.clone(),

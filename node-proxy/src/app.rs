@@ -2,7 +2,9 @@
 
 use crate::admin::{self, Admin};
 use crate::config::Config;
-use crate::discovery::{DiscoveryClient, DiscoveryMetrics, DiscoveryState};
+use crate::discovery::{
+    DiscoveryClient, DiscoveryMetrics, DiscoveryState, SubscriptionMetrics, Subscriptions,
+};
 use crate::identity::{GrpcCaClient, IdentityConfig, IdentityManager, IdentityMetrics};
 use crate::logging::LogLevel;
 use crate::tls::TrustBundle;
@@ -88,6 +90,8 @@ pub async fn run_taking_over(
     let mut registry = Registry::default();
     let identity_metrics = IdentityMetrics::register(&mut registry);
     let discovery_metrics = DiscoveryMetrics::register(&mut registry);
+    let subscription_metrics =
+        SubscriptionMetrics::register(&mut registry, discovery_metrics.connected_gauge());
     let tcp_metrics = crate::proxy::TcpMetrics::register(&mut registry);
     let http_metrics = crate::proxy::HttpMetrics::register(&mut registry);
     let cni_metrics = crate::cni::CniMetrics::register(&mut registry);
@@ -179,10 +183,26 @@ pub async fn run_taking_over(
         &identities,
         &mut registry,
     );
+    // What the node's pods used before a restart stays subscribed (and is dropped
+    // after the idle timeout if they no longer use it).
+    let subscriptions = Subscriptions::new(subscription_metrics);
+    subscriptions.restore(
+        persisted
+            .discovery
+            .resolutions()
+            .keys()
+            .filter_map(|t| crate::discovery::Target::parse(t)),
+    );
     let (state_tx, state_rx) = watch::channel(persisted.discovery);
     let discovery =
-        DiscoveryClient::new(discovery_channel, token.clone(), config.node_name.clone());
+        DiscoveryClient::new(discovery_channel, token.clone(), config.node_name.clone())
+            .with_subscriptions(subscriptions.clone());
     let discovery_task = tokio::spawn(discovery.run(state_tx, discovery_metrics, drained()));
+    tokio::spawn(crate::discovery::sweep(
+        subscriptions.clone(),
+        config.discovery_idle_timeout,
+        drained(),
+    ));
     let (policy_tx, policy_rx) = watch::channel(persisted.policy);
     let policy = crate::policy::PolicyClient::new(policy_channel, token, config.node_name.clone());
     let policy_task = tokio::spawn(policy.run(policy_tx, policy_metrics, drained()));
@@ -376,6 +396,11 @@ pub async fn run_taking_over(
                 http: http_metrics,
                 balancer: crate::proxy::Balancer::default(),
                 detect_timeout: config.detect_timeout,
+                destinations: crate::proxy::Destinations {
+                    subscriptions: subscriptions.clone(),
+                    timeout: config.discovery_lookup_timeout,
+                    node: config.node_name.clone(),
+                },
                 departed_metrics_ttl: crate::proxy::DEPARTED_METRICS_TTL,
                 redirector: redirector.clone(),
                 limits: limits.clone(),

@@ -29,6 +29,11 @@ pub mod env {
     pub const LOG_FORMAT: &str = "AMBIT_LOG_FORMAT";
     /// How long protocol detection waits for a client's first bytes.
     pub const DETECT_TIMEOUT: &str = "AMBIT_DETECT_TIMEOUT";
+    /// How long a first connection to a destination discovery does not know waits for
+    /// the control plane's answer.
+    pub const DISCOVERY_LOOKUP_TIMEOUT: &str = "AMBIT_DISCOVERY_LOOKUP_TIMEOUT";
+    /// How long an unused destination stays subscribed.
+    pub const DISCOVERY_IDLE_TIMEOUT: &str = "AMBIT_DISCOVERY_IDLE_TIMEOUT";
     /// Runtime worker threads.
     pub const WORKER_THREADS: &str = "AMBIT_WORKER_THREADS";
     /// How pod traffic is redirected to the proxy.
@@ -143,6 +148,17 @@ pub struct Config {
     #[arg(long, env = env::DETECT_TIMEOUT, default_value = "10s", value_parser = ambit_api::duration::parse_duration)]
     #[serde(serialize_with = "ser_duration")]
     pub detect_timeout: std::time::Duration,
+    /// How long the first connection to a destination discovery has not described yet
+    /// waits for the control plane's answer; then it is refused (never sent around the
+    /// mesh or in plaintext).
+    #[arg(long, env = env::DISCOVERY_LOOKUP_TIMEOUT, default_value = "3s", value_parser = ambit_api::duration::parse_duration)]
+    #[serde(serialize_with = "ser_duration")]
+    pub discovery_lookup_timeout: std::time::Duration,
+    /// How long a destination no pod of the node used stays subscribed on the discovery
+    /// stream.
+    #[arg(long, env = env::DISCOVERY_IDLE_TIMEOUT, default_value = "5m", value_parser = ambit_api::duration::parse_duration)]
+    #[serde(serialize_with = "ser_duration")]
+    pub discovery_idle_timeout: std::time::Duration,
     /// The SPIFFE ID the control plane must prove on its TLS ports (default
     /// `spiffe://<trust domain>/ns/ambit/sa/ambit-control`).
     #[arg(long, env = env::CONTROL_IDENTITY)]

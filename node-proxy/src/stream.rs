@@ -55,6 +55,44 @@ impl<T: Chunked> Chunks<T> {
     }
 }
 
+/// The first delay after a stream failed.
+pub const BACKOFF_INITIAL: Duration = Duration::from_millis(500);
+/// The longest delay after a control plane that answered with an error (it refused the
+/// stream, or is overloaded): doubling up to here spares it.
+pub const BACKOFF_MAX: Duration = Duration::from_secs(30);
+/// The longest delay while the control plane cannot be reached at all (connection
+/// refused or timed out, or it said it is shutting down): an attempt then costs it
+/// nothing, and a proxy must be back in sync within two seconds of it returning.
+pub const UNREACHABLE_BACKOFF_MAX: Duration = Duration::from_secs(1);
+
+/// How one stream ended.
+#[derive(Debug)]
+pub enum StreamEnd {
+    /// It ended after it was open; `delivered`: at least one update was applied.
+    Ended {
+        /// Something was applied.
+        delivered: bool,
+    },
+    /// The control plane could not be reached (or is going away): retried soon.
+    Unreachable(String),
+    /// The control plane refused it, or it failed otherwise: retried with backoff.
+    Failed(String),
+}
+
+impl StreamEnd {
+    /// How a gRPC status ends a stream: `Unavailable` (no connection, a control plane
+    /// shutting down) is retried within [`UNREACHABLE_BACKOFF_MAX`], the rest with
+    /// backoff up to [`BACKOFF_MAX`].
+    pub fn from_status(what: &str, s: &tonic::Status) -> Self {
+        let text = format!("{what} ({:?}): {}", s.code(), s.message());
+        if s.code() == tonic::Code::Unavailable {
+            StreamEnd::Unreachable(text)
+        } else {
+            StreamEnd::Failed(text)
+        }
+    }
+}
+
 /// Reconnection state of one stream.
 #[derive(Clone, Debug)]
 pub struct Reconnect {
@@ -71,13 +109,15 @@ pub struct Reconnect {
 }
 
 impl Reconnect {
-    /// Runs `open` (one stream until it ends: `Ok(true)` if it delivered something) again
-    /// and again until `shutdown` resolves, waiting a jittered, doubling delay between
-    /// attempts (reset after a stream that delivered).
+    /// Runs `open` (one stream until it ends) again and again until `shutdown`
+    /// resolves, waiting a jittered, doubling delay between attempts (reset after a
+    /// stream that delivered; at most [`UNREACHABLE_BACKOFF_MAX`] while the control
+    /// plane cannot be reached, so that a proxy resyncs soon after it returns — before,
+    /// the doubling reached 30 s during an outage and resync came up to 33 s late).
     pub async fn run<F, Fut>(&self, mut open: F, shutdown: impl Future<Output = ()>)
     where
         F: FnMut() -> Fut,
-        Fut: Future<Output = Result<bool, String>>,
+        Fut: Future<Output = StreamEnd>,
     {
         tokio::pin!(shutdown);
         let mut backoff = self.backoff_initial;
@@ -87,19 +127,25 @@ impl Reconnect {
                 self.reconnects.inc();
             }
             first = false;
+            let mut cap = self.backoff_max;
             tokio::select! {
                 _ = &mut shutdown => return,
-                result = open() => {
+                end = open() => {
                     self.connected.set(0);
-                    match result {
+                    match end {
                         // The stream delivered something: start the backoff afresh.
-                        Ok(true) => backoff = self.backoff_initial,
-                        Ok(false) => {}
-                        Err(error) => tracing::warn!(stream = self.name, %error, retry_in = ?backoff, "stream failed; keeping the last state"),
+                        StreamEnd::Ended { delivered: true } => backoff = self.backoff_initial,
+                        StreamEnd::Ended { delivered: false } => {}
+                        StreamEnd::Unreachable(error) => {
+                            cap = cap.min(UNREACHABLE_BACKOFF_MAX);
+                            tracing::warn!(stream = self.name, %error, retry_in = ?backoff.min(cap), "control plane unreachable; keeping the last state");
+                        }
+                        StreamEnd::Failed(error) => tracing::warn!(stream = self.name, %error, retry_in = ?backoff, "stream failed; keeping the last state"),
                     }
                 }
             }
-            let delay = backoff + backoff.mul_f64(fastrand::f64() * 0.1);
+            let base = backoff.min(cap);
+            let delay = base + base.mul_f64(fastrand::f64() * 0.1);
             tokio::select! {
                 _ = &mut shutdown => return,
                 _ = tokio::time::sleep(delay) => {}

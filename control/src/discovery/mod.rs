@@ -1,37 +1,154 @@
-//! The discovery service (gRPC, :8086): streams the cluster to node proxies.
+//! The discovery service (gRPC, :8086): each node proxy is sent what its pods use, not
+//! the cluster.
 //!
-//! A proxy opens one `Watch` for its node. It first receives a snapshot — every pod with
-//! an IP (its node, identity, mesh status, per-port hints; the netns path in local mode)
-//! and every Service with its endpoints (each with identity, node and mesh status) — and
-//! then deltas whenever the index changes. Cluster-wide workloads are sent, not only the
-//! node's own, because a proxy must recognise any meshed pod IP it is asked to reach.
+//! A proxy opens one `Watch` for its node and is sent the pods scheduled there (what its
+//! listeners, identities and inbound policy need), then whatever it subscribes to on the
+//! same stream: an address one of its pods connects to (a Service's ClusterIP → the
+//! Service and its endpoints, each with the identity to require, its node and opaque
+//! ports; a pod IP → that pod; anything else → "not in the cluster") or a Service by
+//! name (a route's backend). Each subscription is answered with a resolution and kept
+//! current until the proxy unsubscribes, as Linkerd's destination service answers `Get`
+//! per authority and Istio's on-demand discovery does for ztunnel.
+//!
+//! Layout:
+//! - `render`: one object of the index as protobuf.
+//! - `catalog`: every pod and Service rendered once, kept current object by object from
+//!   the index's [`crate::index::Changes`] — a change costs the objects it touches.
+//! - `streams`: which stream holds what, and the change's pieces on the queues of the
+//!   streams that hold it (and no other).
+//! - `stream`: one proxy's stream: its requests, a snapshot, then its queue as updates in
+//!   bounded chunks.
 
+mod catalog;
 mod metrics;
-mod publish;
-mod state;
+mod render;
+mod stream;
+mod streams;
 
+pub use catalog::{Catalog, Changed, RenderedService, Resolved};
 pub use metrics::DiscoveryMetrics;
-pub use publish::{Publisher, Rendering};
-pub use state::{diff, snapshot, NodeView};
+pub use streams::{canonical, Out, Streams, MAX_TARGETS};
 
 use crate::auth::NodeAuth;
 use crate::index::SharedIndex;
+use crate::ready::Readiness;
 use ambit_api::proto::discovery::discovery_server::{Discovery, DiscoveryServer};
 use ambit_api::proto::discovery::{Update, WatchRequest};
+use std::future::Future;
 use std::pin::Pin;
-use tokio::sync::broadcast::error::RecvError;
-use tokio::sync::mpsc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::{Request, Response, Status};
+use tonic::{Request, Response, Status, Streaming};
+
+/// The catalog and the streams, behind one lock: a change is rendered and handed to the
+/// streams that hold it in one step, so no stream sees a resolution before what it names.
+#[derive(Debug, Default)]
+pub struct Core {
+    /// Every rendered pod and Service.
+    pub catalog: Catalog,
+    /// Every open stream.
+    pub streams: Streams,
+}
+
+/// What the discovery service's streams share: the [`Core`] and whether the backend has
+/// loaded everything once.
+#[derive(Clone, Debug)]
+pub struct Hub {
+    core: Arc<Mutex<Core>>,
+    /// Until the backend has loaded everything once nothing is served (a cluster half
+    /// listed — Pods before their Namespaces — would tell every proxy that its pods are
+    /// not meshed).
+    started: Arc<watch::Sender<bool>>,
+    metrics: DiscoveryMetrics,
+}
+
+impl Hub {
+    /// An empty hub.
+    pub fn new(metrics: DiscoveryMetrics) -> Self {
+        Self {
+            core: Arc::default(),
+            started: Arc::new(watch::Sender::new(false)),
+            metrics,
+        }
+    }
+
+    /// The catalog and streams. Hold it briefly: every stream waits for it.
+    pub fn lock(&self) -> MutexGuard<'_, Core> {
+        self.core.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Renders what changed in `index` and hands it to the streams that hold it.
+    pub fn publish(&self, index: &SharedIndex) {
+        let changes = index.take_changes();
+        if changes.is_empty() {
+            return;
+        }
+        let started = std::time::Instant::now();
+        let index = index.read();
+        let mut core = self.lock();
+        let Core { catalog, streams } = &mut *core;
+        let changed = catalog.update(&index, &changes);
+        streams.apply(catalog, &changed);
+        let (workloads, services) = catalog.len();
+        self.metrics.published(
+            changed.len(),
+            started.elapsed(),
+            workloads,
+            services,
+            streams.targets(),
+        );
+    }
+
+    /// Renders the index as it is now and opens the streams waiting in
+    /// [`Self::started`]. Call once the backend has loaded everything.
+    pub fn start(&self, index: &SharedIndex) {
+        self.publish(index);
+        self.started.send_replace(true);
+    }
+
+    /// Resolves once [`Self::start`] has run.
+    pub async fn started(&self) {
+        let mut rx = self.started.subscribe();
+        // The sender lives as long as `self`: this cannot fail.
+        let _ = rx.wait_for(|s| *s).await;
+    }
+
+    /// Once `ready` (the backend has loaded everything), starts, then renders what
+    /// changed in `index` after every change until `shutdown` resolves. Changes that
+    /// arrive while one is rendered are taken together by the next.
+    pub async fn run(
+        self,
+        index: SharedIndex,
+        ready: Readiness,
+        shutdown: impl Future<Output = ()>,
+    ) {
+        tokio::pin!(shutdown);
+        tokio::select! {
+            _ = &mut shutdown => return,
+            _ = ready.ready() => {}
+        }
+        let mut changes = index.subscribe();
+        changes.mark_unchanged();
+        self.start(&index);
+        loop {
+            tokio::select! {
+                _ = &mut shutdown => return,
+                changed = changes.changed() => if changed.is_err() { return },
+            }
+            self.publish(&index);
+        }
+    }
+}
 
 /// The gRPC discovery service.
 #[derive(Clone)]
 pub struct DiscoveryService {
     index: SharedIndex,
-    publisher: Publisher,
+    hub: Hub,
     auth: NodeAuth,
     metrics: DiscoveryMetrics,
-    drain: tokio::sync::watch::Receiver<bool>,
+    drain: watch::Receiver<bool>,
 }
 
 impl std::fmt::Debug for DiscoveryService {
@@ -44,37 +161,35 @@ impl DiscoveryService {
     /// A service that streams `index` to nodes authenticated by `auth`.
     pub fn new(index: SharedIndex, auth: NodeAuth, metrics: DiscoveryMetrics) -> Self {
         Self {
-            publisher: Publisher::new(&index),
+            hub: Hub::new(metrics.clone()),
             index,
             auth,
             metrics,
-            drain: tokio::sync::watch::Sender::new(false).subscribe(),
+            drain: watch::Sender::new(false).subscribe(),
         }
     }
 
     /// Ends every stream when `drain` turns true, so that shutdown is not held up by
     /// proxies that never hang up.
-    pub fn with_drain(mut self, drain: tokio::sync::watch::Receiver<bool>) -> Self {
+    pub fn with_drain(mut self, drain: watch::Receiver<bool>) -> Self {
         self.drain = drain;
         self
     }
 
-    /// Renders the index once per change for every stream; runs until `shutdown`.
-    /// Streams wait until `ready` (the backend has loaded everything).
+    /// Renders each change for the streams that hold it; runs until `shutdown`. Streams
+    /// wait until `ready` (the backend has loaded everything).
     pub fn publisher(
         &self,
-        ready: crate::ready::Readiness,
-        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-    ) -> impl std::future::Future<Output = ()> + Send + 'static {
-        self.publisher
-            .clone()
-            .run(self.index.clone(), ready, shutdown)
+        ready: Readiness,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> impl Future<Output = ()> + Send + 'static {
+        self.hub.clone().run(self.index.clone(), ready, shutdown)
     }
 
-    /// The publisher, whose `started` other services wait on too (nothing is served
-    /// before the backend has loaded everything once).
-    pub fn publisher_handle(&self) -> Publisher {
-        self.publisher.clone()
+    /// The hub, whose `started` other services wait on too (nothing is served before the
+    /// backend has loaded everything once).
+    pub fn hub(&self) -> Hub {
+        self.hub.clone()
     }
 
     /// The tonic server for this service.
@@ -85,13 +200,16 @@ impl DiscoveryService {
 
 type UpdateStream = Pin<Box<dyn tokio_stream::Stream<Item = Result<Update, Status>> + Send>>;
 
+/// How long a proxy has to send its first request once the stream is open.
+const FIRST_REQUEST: std::time::Duration = std::time::Duration::from_secs(10);
+
 #[tonic::async_trait]
 impl Discovery for DiscoveryService {
     type WatchStream = UpdateStream;
 
     async fn watch(
         &self,
-        req: Request<WatchRequest>,
+        req: Request<Streaming<WatchRequest>>,
     ) -> Result<Response<Self::WatchStream>, Status> {
         let node = match self.auth.authenticate(&req).await {
             Ok(node) => node,
@@ -100,21 +218,51 @@ impl Discovery for DiscoveryService {
                 return Err(status);
             }
         };
-        let want = req.into_inner().node;
-        if want != node {
+        let mut requests = req.into_inner();
+        let first = match tokio::time::timeout(FIRST_REQUEST, requests.message()).await {
+            Ok(Ok(Some(first))) => first,
+            Ok(Ok(None)) => {
+                return Err(Status::invalid_argument(
+                    "the stream ended before its first request",
+                ))
+            }
+            Ok(Err(status)) => return Err(status),
+            Err(_) => {
+                return Err(Status::deadline_exceeded(format!(
+                    "no first request in {}s",
+                    FIRST_REQUEST.as_secs()
+                )))
+            }
+        };
+        if first.node != node {
             self.metrics.refused();
             return Err(Status::permission_denied(format!(
-                "this token belongs to node {node}, not {want:?}; a proxy may only watch its own node"
+                "this token belongs to node {node}, not {:?}; a proxy may only watch its own node",
+                first.node
             )));
         }
+        if !first.by_need {
+            self.metrics.refused();
+            return Err(Status::failed_precondition(
+                "this control plane sends each node what its pods use (discovery by need), \
+                 which this proxy does not ask for: upgrade the node proxy to the control \
+                 plane's version (meanwhile it serves from its last discovery state)",
+            ));
+        }
         let (tx, rx) = mpsc::channel(16);
-        let publisher = self.publisher.clone();
-        let metrics = self.metrics.clone();
+        let stream = stream::Stream {
+            hub: self.hub.clone(),
+            node,
+            metrics: self.metrics.clone(),
+            tx,
+        };
         let mut drain = self.drain.clone();
         tokio::spawn(async move {
-            metrics.stream_opened();
+            let tx = stream.tx.clone();
+            stream.metrics.stream_opened();
+            let metrics = stream.metrics.clone();
             tokio::select! {
-                _ = stream_updates(&publisher, &node, &tx, &metrics) => {}
+                _ = stream.serve(first, requests) => {}
                 _ = async { drop(drain.wait_for(|d| *d).await) } => {
                     let _ = tx.send(Err(Status::unavailable("control plane shutting down; reconnect"))).await;
                 }
@@ -122,84 +270,6 @@ impl Discovery for DiscoveryService {
             metrics.stream_closed();
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
-    }
-}
-
-/// Resources per snapshot message. A snapshot of the whole cluster in one message would
-/// pass tonic's 4 MiB decode limit at about 27,000 pods, and each stream's encode buffer
-/// keeps the size of the largest message it sent: 1,000 streams of a 10,000-pod
-/// snapshot held 1.6 GB (BENCHMARKS.md, "Discovery fan-out").
-const SNAPSHOT_CHUNK: usize = 256;
-/// Bytes per chunk, snapshot or delta (one resource larger than this goes alone): with 256
-/// resources a chunk of Services with many endpoints reached 770 KB in the 100,000-pod
-/// test; a chunk is cut at the first of the two bounds.
-const CHUNK_BYTES: usize = 1 << 20;
-
-/// Sends `rendering` as a snapshot in chunks; false when the client has gone.
-async fn send_snapshot(
-    rendering: &Rendering,
-    tx: &mpsc::Sender<Result<Update, Status>>,
-    metrics: &DiscoveryMetrics,
-) -> bool {
-    for chunk in rendering.view.snapshot_chunks(SNAPSHOT_CHUNK, CHUNK_BYTES) {
-        if tx.send(Ok(chunk)).await.is_err() {
-            return false;
-        }
-        metrics.update_sent();
-    }
-    true
-}
-
-/// Sends a snapshot, then each published delta, until the client goes away. A stream that
-/// fell behind the broadcast gets a fresh snapshot.
-async fn stream_updates(
-    publisher: &Publisher,
-    node: &str,
-    tx: &mpsc::Sender<Result<Update, Status>>,
-    metrics: &DiscoveryMetrics,
-) {
-    // Nothing until the backend has loaded the whole cluster once.
-    tokio::select! {
-        _ = publisher.started() => {}
-        _ = tx.closed() => return,
-    }
-    let mut deltas = publisher.subscribe();
-    let start = publisher.latest();
-    tracing::info!(%node, workloads = start.view.workloads.len(), services = start.view.services.len(), "discovery stream opened");
-    let mut version = start.version;
-    if !send_snapshot(&start, tx, metrics).await {
-        return;
-    }
-    drop(start);
-    loop {
-        let received = tokio::select! {
-            received = deltas.recv() => received,
-            _ = tx.closed() => return,
-        };
-        let chunks = match received {
-            Ok((v, _)) if v <= version => continue,
-            Ok((v, delta)) if v == version + 1 => {
-                version = v;
-                delta
-            }
-            Ok(_) | Err(RecvError::Lagged(_)) => {
-                let latest = publisher.latest();
-                tracing::info!(%node, from = version, to = latest.version, "discovery stream fell behind; sending a snapshot");
-                metrics.resynced();
-                version = latest.version;
-                if !send_snapshot(&latest, tx, metrics).await {
-                    return;
-                }
-                continue;
-            }
-            Err(RecvError::Closed) => return,
-        };
-        for chunk in chunks.iter() {
-            if tx.send(Ok(Update::clone(chunk))).await.is_err() {
-                return;
-            }
-            metrics.update_sent();
-        }
     }
 }
 

@@ -5,6 +5,7 @@
 //! read the index. The index holds domain types only — no client or transport types — so
 //! it is tested by applying objects synchronously.
 
+mod changes;
 mod convert;
 pub mod crd;
 pub mod gateway;
@@ -14,6 +15,7 @@ pub mod policy;
 mod ports;
 pub mod route;
 
+pub use changes::Changes;
 pub use convert::{
     ConvertError, KubeObject, ObjectRef, FAILURE_ACCRUAL, FA_JITTER_RATIO, FA_MAX_FAILURES,
     FA_MAX_PENALTY, FA_MIN_PENALTY, NETNS_ANNOTATION, OPAQUE_PORTS_ANNOTATION, RETRY_GRPC,
@@ -60,6 +62,8 @@ pub struct ClusterIndex {
     /// the local backend, whose YAML the operator writes. From an API server, where
     /// anyone who can create a pod sets its annotations, the annotation is ignored.
     local_netns: bool,
+    /// What changed since discovery last took the changes (`SharedIndex::take_changes`).
+    changes: Changes,
 }
 
 /// A pod as the mesh sees it: where it runs, whether it is meshed, and its identity.
@@ -114,6 +118,7 @@ impl ClusterIndex {
         match obj {
             KubeObject::Namespace(ns) => {
                 let (name, info) = convert::namespace(&ns)?;
+                self.changes.namespaces.insert(name.clone());
                 self.namespaces.insert(name, info);
             }
             KubeObject::Pod(pod) => {
@@ -121,8 +126,9 @@ impl ClusterIndex {
                 if !self.local_netns {
                     pod.netns = None;
                 }
-                self.pods
-                    .insert((pod.namespace.clone(), pod.name.clone()), pod);
+                let key = (pod.namespace.clone(), pod.name.clone());
+                self.changes.pods.insert(key.clone());
+                self.pods.insert(key, pod);
             }
             KubeObject::ServiceAccount(sa) => {
                 let key = convert::namespaced_name(&sa.metadata, "ServiceAccount")?;
@@ -130,12 +136,20 @@ impl ClusterIndex {
             }
             KubeObject::Service(svc) => {
                 let svc = convert::service(&svc)?;
-                self.services
-                    .insert((svc.namespace.clone(), svc.name.clone()), svc);
+                let key = (svc.namespace.clone(), svc.name.clone());
+                self.changes.services.insert(key.clone());
+                self.services.insert(key, svc);
             }
             KubeObject::EndpointSlice(slice) => {
                 let (key, service, endpoints) = convert::endpoint_slice(&slice)?;
+                if let Some((old, _)) = self.endpoint_slices.get(&key) {
+                    // A slice that moved to another Service changes the one it left.
+                    self.changes.services.insert((key.0.clone(), old.clone()));
+                }
                 self.unlink_slice(&key);
+                self.changes
+                    .services
+                    .insert((key.0.clone(), service.clone()));
                 self.slices_by_service
                     .entry((key.0.clone(), service.clone()))
                     .or_default()
@@ -144,6 +158,7 @@ impl ClusterIndex {
             }
             KubeObject::Server(s) => {
                 let s = convert::server(&s)?;
+                self.changes.namespaces.insert(s.namespace.clone());
                 self.servers
                     .insert((s.namespace.clone(), s.name.clone()), s);
             }
@@ -171,22 +186,28 @@ impl ClusterIndex {
         let key = (obj.namespace.clone().unwrap_or_default(), obj.name.clone());
         match obj.kind {
             Kind::Namespace => {
+                self.changes.namespaces.insert(obj.name.clone());
                 self.namespaces.remove(&obj.name);
             }
             Kind::Pod => {
+                self.changes.pods.insert(key.clone());
                 self.pods.remove(&key);
             }
             Kind::ServiceAccount => {
                 self.service_accounts.remove(&key);
             }
             Kind::Service => {
+                self.changes.services.insert(key.clone());
                 self.services.remove(&key);
             }
             Kind::EndpointSlice => {
                 self.unlink_slice(&key);
-                self.endpoint_slices.remove(&key);
+                if let Some((svc, _)) = self.endpoint_slices.remove(&key) {
+                    self.changes.services.insert((key.0.clone(), svc));
+                }
             }
             Kind::Server => {
+                self.changes.namespaces.insert(key.0.clone());
                 self.servers.remove(&key);
             }
             Kind::AuthorizationPolicy => {
@@ -213,6 +234,9 @@ impl ClusterIndex {
         kind: Kind,
         objects: impl IntoIterator<Item = KubeObject>,
     ) -> Vec<ConvertError> {
+        // A re-list is rare (a watch that lost its place): discovery renders everything
+        // again and sends what differs.
+        self.changes.all = true;
         let mut errors = Vec::new();
         let mut listed = std::collections::BTreeSet::new();
         for obj in objects {
@@ -295,6 +319,28 @@ impl ClusterIndex {
             .filter(|p| !p.is_terminated())
             .map(|p| self.workload(p))
             .collect()
+    }
+
+    /// The pods of `namespace` (terminated ones too), by name.
+    pub fn pods_in(&self, namespace: &str) -> impl Iterator<Item = &PodInfo> {
+        let ns = namespace.to_string();
+        self.pods
+            .range((ns.clone(), String::new())..)
+            .take_while(move |((n, _), _)| *n == ns)
+            .map(|(_, p)| p)
+    }
+
+    /// A pod that has not terminated, with its mesh status.
+    pub fn live_workload(&self, namespace: &str, name: &str) -> Option<Workload> {
+        self.pods
+            .get(&(namespace.to_string(), name.to_string()))
+            .filter(|p| !p.is_terminated())
+            .map(|p| self.workload(p))
+    }
+
+    /// Takes what changed since the last call.
+    fn take_changes(&mut self) -> Changes {
+        std::mem::take(&mut self.changes)
     }
 
     /// Every Service.
@@ -507,6 +553,8 @@ fn in_namespace<'a, V>(
 pub struct SharedIndex {
     inner: Arc<RwLock<ClusterIndex>>,
     generation: watch::Sender<u64>,
+    /// What changed since discovery last took it (one reader: the discovery catalog).
+    changes: Arc<std::sync::Mutex<Changes>>,
 }
 
 impl SharedIndex {
@@ -515,7 +563,25 @@ impl SharedIndex {
         Self {
             inner: Arc::new(RwLock::new(index)),
             generation: watch::Sender::new(0),
+            changes: Arc::new(std::sync::Mutex::new(Changes {
+                all: true,
+                ..Changes::default()
+            })),
         }
+    }
+
+    /// What changed since the last call (everything, the first time). Taken by one reader,
+    /// the discovery catalog; a change made after it is in the next call's, and rendering
+    /// an object again that did not change sends nothing.
+    pub fn take_changes(&self) -> Changes {
+        std::mem::take(&mut *self.changes.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    fn record(&self, changes: Changes) {
+        self.changes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .merge(changes);
     }
 
     /// A read view. Hold it briefly: writers wait for it.
@@ -524,14 +590,29 @@ impl SharedIndex {
     }
 
     /// Replaces the whole index (a backend's full resync) and notifies watchers.
-    pub fn replace(&self, index: ClusterIndex) {
-        *self.inner.write().unwrap_or_else(PoisonError::into_inner) = index;
+    pub fn replace(&self, mut index: ClusterIndex) {
+        {
+            let mut current = self.inner.write().unwrap_or_else(PoisonError::into_inner);
+            // What differs is the whole change: what building `index` recorded is every
+            // object in it.
+            let changes = Changes::between(&current, &index);
+            index.take_changes();
+            // Taken under the write lock, so that no reader sees the new index before
+            // the changes that lead to it are recorded.
+            self.record(changes);
+            *current = index;
+        }
         self.generation.send_modify(|g| *g += 1);
     }
 
     /// Applies a change and notifies watchers.
     pub fn update<T>(&self, f: impl FnOnce(&mut ClusterIndex) -> T) -> T {
-        let out = f(&mut self.inner.write().unwrap_or_else(PoisonError::into_inner));
+        let out = {
+            let mut index = self.inner.write().unwrap_or_else(PoisonError::into_inner);
+            let out = f(&mut index);
+            self.record(index.take_changes());
+            out
+        };
         self.generation.send_modify(|g| *g += 1);
         out
     }

@@ -34,7 +34,7 @@ pub use routes::{render_routes, RenderedRoutes, RouteProblems, ServiceRoutesMap}
 pub use update::{chunks, delta_chunks, diff, diff_services, snapshot_chunks, split};
 
 use crate::auth::NodeAuth;
-use crate::discovery::Publisher;
+use crate::discovery::Hub;
 use crate::index::SharedIndex;
 use ambit_api::proto::policy::inbound_policy_server::{InboundPolicy, InboundPolicyServer};
 use ambit_api::proto::policy::{Update, WatchRequest};
@@ -54,7 +54,7 @@ const CHUNK_BYTES: usize = 1 << 20;
 pub struct PolicyService {
     index: SharedIndex,
     /// Discovery's: rendering waits until the backend has loaded everything once.
-    started: Publisher,
+    started: Hub,
     publisher: PolicyPublisher,
     auth: NodeAuth,
     metrics: PolicyMetrics,
@@ -72,7 +72,7 @@ impl PolicyService {
     /// `started` has.
     pub fn new(
         index: SharedIndex,
-        started: Publisher,
+        started: Hub,
         auth: NodeAuth,
         defaults: Defaults,
         metrics: PolicyMetrics,

@@ -16,7 +16,7 @@
 use super::metrics::PolicyMetrics;
 use super::render::{policy_problems, render_nodes, Defaults, NodePolicies, Problems};
 use super::routes::{render_routes, RouteProblems, ServiceRoutesMap};
-use crate::discovery::Publisher;
+use crate::discovery::Hub;
 use crate::index::SharedIndex;
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
@@ -81,12 +81,7 @@ impl PolicyPublisher {
 
     /// Once `started` has (the backend has loaded everything once), renders the nodes
     /// that have streams after every change, until `shutdown` resolves.
-    pub async fn run(
-        self,
-        index: SharedIndex,
-        started: Publisher,
-        shutdown: impl Future<Output = ()>,
-    ) {
+    pub async fn run(self, index: SharedIndex, started: Hub, shutdown: impl Future<Output = ()>) {
         tokio::pin!(shutdown);
         tokio::select! {
             _ = &mut shutdown => return,

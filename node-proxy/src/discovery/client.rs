@@ -1,17 +1,20 @@
 //! The discovery stream client, with reconnection and backoff.
 
+use super::subscriptions::{Subscriptions, Target};
 use super::DiscoveryState;
-use crate::stream::{Chunks, Reconnect};
+use crate::stream::{Chunks, Reconnect, StreamEnd};
 use crate::token::TokenSource;
 use ambit_api::proto::discovery::discovery_client::DiscoveryClient as PbClient;
 use ambit_api::proto::discovery::WatchRequest;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
+use std::collections::BTreeSet;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
+use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
 
 /// The largest discovery message the proxy decodes. The control plane sends snapshots and
@@ -33,6 +36,11 @@ pub struct DiscoveryMetrics {
 }
 
 impl DiscoveryMetrics {
+    /// The gauge that is 1 while the stream is open.
+    pub fn connected_gauge(&self) -> Gauge {
+        self.connected.clone()
+    }
+
     /// Creates the metrics and registers them.
     pub fn register(registry: &mut Registry) -> Self {
         let m = Self::default();
@@ -66,6 +74,7 @@ pub struct DiscoveryClient {
     channel: Channel,
     token: TokenSource,
     node: String,
+    subscriptions: Subscriptions,
     backoff_initial: Duration,
     backoff_max: Duration,
 }
@@ -78,9 +87,21 @@ impl DiscoveryClient {
             channel,
             token: token.into(),
             node,
-            backoff_initial: Duration::from_millis(500),
-            backoff_max: Duration::from_secs(30),
+            subscriptions: Subscriptions::default(),
+            backoff_initial: crate::stream::BACKOFF_INITIAL,
+            backoff_max: crate::stream::BACKOFF_MAX,
         }
+    }
+
+    /// Subscribes, on every stream, to the destinations `subscriptions` holds.
+    pub fn with_subscriptions(mut self, subscriptions: Subscriptions) -> Self {
+        self.subscriptions = subscriptions;
+        self
+    }
+
+    /// The destinations this client subscribes to.
+    pub fn subscriptions(&self) -> &Subscriptions {
+        &self.subscriptions
     }
 
     /// Streams updates into `state` until `shutdown` resolves; reconnects with backoff.
@@ -102,39 +123,74 @@ impl DiscoveryClient {
             .await;
     }
 
-    /// One stream, until it ends; `Ok(true)` if it delivered at least one update.
+    /// One stream, until it ends: it delivered at least one update, or how it failed.
     async fn stream(
         &self,
         state: &watch::Sender<Arc<DiscoveryState>>,
         metrics: &DiscoveryMetrics,
-    ) -> Result<bool, String> {
+    ) -> StreamEnd {
         let channel = self.channel.clone();
-        let mut req = tonic::Request::new(WatchRequest {
+        let mut changes = self.subscriptions.changes();
+        changes.mark_unchanged();
+        let mut sent: BTreeSet<Target> = self.subscriptions.current();
+        let (requests, rx) = mpsc::channel(16);
+        let first = WatchRequest {
             node: self.node.clone(),
-        });
-        let header = self.token.current().bearer().map_err(|e| e.to_string())?;
+            subscribe: sent.iter().map(ToString::to_string).collect(),
+            unsubscribe: Vec::new(),
+            by_need: true,
+        };
+        if requests.send(first).await.is_err() {
+            return StreamEnd::Failed("request channel closed".into());
+        }
+        let mut req = tonic::Request::new(ReceiverStream::new(rx));
+        let header = match self.token.current().bearer() {
+            Ok(h) => h,
+            Err(e) => return StreamEnd::Failed(e.to_string()),
+        };
         req.metadata_mut().insert("authorization", header);
-        let mut stream = PbClient::new(channel)
+        let mut stream = match PbClient::new(channel)
             .max_decoding_message_size(MAX_MESSAGE)
             .watch(req)
             .await
-            .map_err(|s| format!("watch refused ({:?}): {}", s.code(), s.message()))?
-            .into_inner();
+        {
+            Ok(s) => s.into_inner(),
+            Err(s) => return StreamEnd::from_status("watch refused", &s),
+        };
         metrics.connected.set(1);
         let mut delivered = false;
         let mut chunks = Chunks::default();
         loop {
-            let update = match stream.message().await {
+            let message = tokio::select! {
+                m = stream.message() => m,
+                changed = changes.changed() => {
+                    if changed.is_err() {
+                        return StreamEnd::Failed("subscriptions closed".into());
+                    }
+                    let now = self.subscriptions.current();
+                    let update = WatchRequest {
+                        subscribe: now.difference(&sent).map(ToString::to_string).collect(),
+                        unsubscribe: sent.difference(&now).map(ToString::to_string).collect(),
+                        ..WatchRequest::default()
+                    };
+                    sent = now;
+                    if requests.send(update).await.is_err() {
+                        return StreamEnd::Failed("the stream's requests closed".into());
+                    }
+                    continue;
+                }
+            };
+            let update = match message {
                 Ok(Some(u)) => u,
-                Ok(None) => return Ok(delivered),
+                Ok(None) => return StreamEnd::Ended { delivered },
                 Err(s) => {
                     // Said either way: a stream that dies after delivering (an oversized
                     // message, a control plane going away) must not pass in silence.
                     tracing::warn!(code = ?s.code(), error = %s.message(), delivered, "discovery stream ended with an error; reconnecting");
                     return if delivered {
-                        Ok(true)
+                        StreamEnd::Ended { delivered }
                     } else {
-                        Err(format!("{:?}: {}", s.code(), s.message()))
+                        StreamEnd::from_status("discovery stream", &s)
                     };
                 }
             };

@@ -1,4 +1,6 @@
-//! The node proxy's view of the cluster, built from discovery updates.
+//! The node proxy's view of the cluster, built from discovery updates: the pods of its
+//! node, and the destinations its pods use (subscribed on demand: `super::subscriptions`)
+//! with what each target resolves to.
 
 use ambit_api::ports::PortSet;
 use ambit_api::proto::discovery as pb;
@@ -70,6 +72,8 @@ pub struct Endpoint {
     pub node: String,
     /// "<namespace>/<name>" of its pod.
     pub pod: Option<String>,
+    /// Its pod's opaque ports (connections to them skip protocol detection).
+    pub opaque_ports: PortSet,
 }
 
 /// A Service.
@@ -103,6 +107,30 @@ pub enum Destination {
     Pod(Arc<Workload>, SocketAddr),
     /// Not known to the mesh: connect as asked, in plaintext.
     Unknown(SocketAddr),
+    /// The control plane will not say what it is (the reason): refuse it.
+    Refused(String),
+}
+
+/// What a subscribed target is, as the control plane answered.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Resolution {
+    /// A Service ("<ns>/<name>"): its ClusterIP, or the Service by name.
+    Service(String),
+    /// The pod ("<ns>/<name>") that has this address.
+    Workload(String),
+    /// Not in the cluster: an address outside it, or a Service that does not exist.
+    Outside,
+    /// The control plane will not answer it (why).
+    Refused(String),
+}
+
+/// What discovery says of a destination now.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Lookup<T> {
+    /// Known.
+    Known(T),
+    /// Not known yet: subscribe to it and wait for the answer.
+    Pending,
 }
 
 /// Everything discovery has told this proxy.
@@ -112,6 +140,8 @@ pub struct DiscoveryState {
     services: BTreeMap<String, Arc<Service>>,
     by_ip: HashMap<IpAddr, String>,
     by_vip: HashMap<IpAddr, String>,
+    /// Subscribed targets ("10.96.0.10", "<ns>/<name>") and what they are.
+    resolutions: BTreeMap<String, Resolution>,
     /// A snapshot has been received.
     pub synced: bool,
 }
@@ -157,33 +187,40 @@ fn workload(w: pb::Workload) -> Result<Workload, String> {
     })
 }
 
+fn endpoint(e: pb::Endpoint) -> Result<Endpoint, String> {
+    Ok(Endpoint {
+        address: e
+            .address
+            .parse()
+            .map_err(|_| format!("endpoint {:?} is not an IP", e.address))?,
+        ports: e
+            .ports
+            .into_iter()
+            .filter_map(|(n, p)| Some((n, u16::try_from(p).ok()?)))
+            .collect(),
+        ready: e.ready,
+        identity: if e.meshed && !e.identity.is_empty() {
+            Some(
+                e.identity
+                    .parse()
+                    .map_err(|err| format!("endpoint identity: {err}"))?,
+            )
+        } else {
+            None
+        },
+        node: e.node,
+        pod: (!e.pod.is_empty()).then_some(e.pod),
+        opaque_ports: ports(&e.opaque_ports),
+    })
+}
+
 fn service(s: pb::Service) -> Result<Service, String> {
     let mut endpoints = Vec::new();
     for e in s.endpoints {
-        endpoints.push(Endpoint {
-            address: e
-                .address
-                .parse()
-                .map_err(|_| format!("endpoint {:?} is not an IP", e.address))?,
-            ports: e
-                .ports
-                .into_iter()
-                .filter_map(|(n, p)| Some((n, u16::try_from(p).ok()?)))
-                .collect(),
-            ready: e.ready,
-            identity: if e.meshed && !e.identity.is_empty() {
-                Some(
-                    e.identity
-                        .parse()
-                        .map_err(|err| format!("endpoint identity: {err}"))?,
-                )
-            } else {
-                None
-            },
-            node: e.node,
-            pod: (!e.pod.is_empty()).then_some(e.pod),
-        });
+        endpoints.push(endpoint(e)?);
     }
+    endpoints.sort_by_key(|e| e.address);
+    endpoints.dedup_by_key(|e| e.address);
     Ok(Service {
         cluster_ips: parse_ips(&s.cluster_ips)?,
         ports: s
@@ -202,21 +239,33 @@ fn service(s: pb::Service) -> Result<Service, String> {
     })
 }
 
+fn resolution(r: &pb::Resolution) -> Resolution {
+    if !r.refused.is_empty() {
+        Resolution::Refused(r.refused.clone())
+    } else if !r.service.is_empty() {
+        Resolution::Service(r.service.clone())
+    } else if !r.workload.is_empty() {
+        Resolution::Workload(r.workload.clone())
+    } else {
+        Resolution::Outside
+    }
+}
+
 impl DiscoveryState {
-    /// Applies an update (a snapshot replaces everything). Invalid resources are skipped
-    /// and returned, so that one bad object does not cost the proxy the rest.
+    /// Applies an update (a snapshot replaces everything), in the order the protocol
+    /// gives: removals, then upserts, of pods and then Services, then endpoint deltas, then
+    /// resolutions. Invalid resources are skipped and returned, so that one bad object does
+    /// not cost the proxy the rest.
     pub fn apply(&mut self, update: pb::Update) -> Vec<InvalidResource> {
         let mut invalid = Vec::new();
         if update.snapshot {
             self.workloads.clear();
             self.services.clear();
+            self.resolutions.clear();
             self.synced = true;
         }
         for key in &update.removed_workloads {
             self.workloads.remove(key);
-        }
-        for key in &update.removed_services {
-            self.services.remove(key);
         }
         for w in update.workloads {
             let key = format!("{}/{}", w.namespace, w.name);
@@ -231,6 +280,9 @@ impl DiscoveryState {
                 }),
             }
         }
+        for key in &update.removed_services {
+            self.services.remove(key);
+        }
         for s in update.services {
             let key = format!("{}/{}", s.namespace, s.name);
             match service(s) {
@@ -244,8 +296,43 @@ impl DiscoveryState {
                 }),
             }
         }
+        for d in update.endpoint_deltas {
+            if let Err(reason) = self.apply_endpoints(&d) {
+                invalid.push(InvalidResource {
+                    kind: "endpoint delta of service",
+                    key: d.service,
+                    reason,
+                });
+            }
+        }
+        for t in &update.removed_resolutions {
+            self.resolutions.remove(t);
+        }
+        for r in &update.resolutions {
+            self.resolutions.insert(r.target.clone(), resolution(r));
+        }
         self.reindex();
         invalid
+    }
+
+    /// Endpoints of a Service this proxy holds, changed one by one.
+    fn apply_endpoints(&mut self, d: &pb::EndpointDelta) -> Result<(), String> {
+        let Some(svc) = self.services.get_mut(&d.service) else {
+            return Err("a Service this proxy was not sent".into());
+        };
+        let mut upserted = Vec::with_capacity(d.upserted.len());
+        for e in &d.upserted {
+            upserted.push(endpoint(e.clone())?);
+        }
+        let removed: std::collections::HashSet<IpAddr> =
+            d.removed.iter().filter_map(|a| a.parse().ok()).collect();
+        let svc = Arc::make_mut(svc);
+        svc.endpoints.retain(|e| {
+            !removed.contains(&e.address) && !upserted.iter().any(|u| u.address == e.address)
+        });
+        svc.endpoints.extend(upserted);
+        svc.endpoints.sort_by_key(|e| e.address);
+        Ok(())
     }
 
     fn reindex(&mut self) {
@@ -275,9 +362,19 @@ impl DiscoveryState {
         self.workloads.get(key)
     }
 
-    /// Every workload.
+    /// Every workload: the node's pods and the pods subscribed by address.
     pub fn workloads(&self) -> impl Iterator<Item = &Arc<Workload>> {
         self.workloads.values()
+    }
+
+    /// Every Service held.
+    pub fn services(&self) -> impl Iterator<Item = &Arc<Service>> {
+        self.services.values()
+    }
+
+    /// Every subscribed target and what it is.
+    pub fn resolutions(&self) -> &BTreeMap<String, Resolution> {
+        &self.resolutions
     }
 
     /// Every address discovery knows: pod IPs and Service endpoints.
@@ -289,70 +386,16 @@ impl DiscoveryState {
         ips
     }
 
-    /// The pod that has `ip`.
+    /// The pod that has `ip`, if this proxy holds it.
     pub fn workload_by_ip(&self, ip: IpAddr) -> Option<Arc<Workload>> {
         self.by_ip
             .get(&ip)
             .and_then(|k| self.workloads.get(k))
             .cloned()
     }
-
-    /// What an outbound connection to `addr` reaches.
-    pub fn resolve(&self, addr: SocketAddr) -> Destination {
-        if let Some(dest) = self
-            .by_vip
-            .get(&addr.ip())
-            .and_then(|k| self.services.get(k))
-            .and_then(|svc| self.service_port(svc, addr.port()))
-        {
-            return dest;
-        }
-        match self.workload_by_ip(addr.ip()) {
-            Some(w) => Destination::Pod(w, addr),
-            None => Destination::Unknown(addr),
-        }
-    }
-
-    /// Port `port` of Service `namespace`/`name` (a route's backend), if both exist.
-    pub fn service(&self, namespace: &str, name: &str, port: u16) -> Option<Destination> {
-        let svc = self.services.get(&format!("{namespace}/{name}"))?;
-        self.service_port(svc, port)
-    }
-
-    /// The ready endpoints behind port `port` of `svc`, if it has that port.
-    fn service_port(&self, svc: &Arc<Service>, port: u16) -> Option<Destination> {
-        let port = svc.ports.iter().find(|p| p.port == port)?;
-        let endpoints = svc
-            .endpoints
-            .iter()
-            .filter(|e| e.ready)
-            .filter_map(|e| {
-                let p = e.ports.get(&port.name).copied().or_else(|| {
-                    // A Service with a single unnamed port maps to the slice's only port.
-                    (e.ports.len() == 1)
-                        .then(|| e.ports.values().next().copied())
-                        .flatten()
-                })?;
-                let mut e = e.clone();
-                // A meshed pod is reached through the tunnel even when its
-                // EndpointSlice does not say who it is (never in plaintext).
-                if e.identity.is_none() {
-                    e.identity = self
-                        .workload_by_ip(e.address)
-                        .filter(|w| w.meshed)
-                        .map(|w| w.identity.clone());
-                }
-                Some((SocketAddr::new(e.address, p), e))
-            })
-            .collect();
-        Some(Destination::Service {
-            service: svc.clone(),
-            port: port.clone(),
-            endpoints,
-        })
-    }
 }
 
+mod lookup;
 mod snapshot;
 
 #[cfg(test)]

@@ -3,7 +3,7 @@
 //! the control plane is away the last policy stays in use.
 
 use super::PolicyState;
-use crate::stream::{Chunks, Reconnect};
+use crate::stream::{Chunks, Reconnect, StreamEnd};
 use crate::token::TokenSource;
 use ambit_api::proto::policy::inbound_policy_client::InboundPolicyClient;
 use ambit_api::proto::policy::WatchRequest;
@@ -12,7 +12,6 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
 use tokio::sync::watch;
 use tonic::transport::Channel;
 
@@ -86,44 +85,49 @@ impl PolicyClient {
             name: "policy",
             reconnects: metrics.reconnects.clone(),
             connected: metrics.connected.clone(),
-            backoff_initial: Duration::from_millis(500),
-            backoff_max: Duration::from_secs(30),
+            backoff_initial: crate::stream::BACKOFF_INITIAL,
+            backoff_max: crate::stream::BACKOFF_MAX,
         };
         reconnect
             .run(|| self.stream(&state, &metrics), shutdown)
             .await;
     }
 
-    /// One stream, until it ends; `Ok(true)` if it delivered at least one update.
+    /// One stream, until it ends: it delivered at least one update, or how it failed.
     async fn stream(
         &self,
         state: &watch::Sender<Arc<PolicyState>>,
         metrics: &PolicyMetrics,
-    ) -> Result<bool, String> {
+    ) -> StreamEnd {
         let mut req = tonic::Request::new(WatchRequest {
             node: self.node.clone(),
         });
-        let header = self.token.current().bearer().map_err(|e| e.to_string())?;
+        let header = match self.token.current().bearer() {
+            Ok(h) => h,
+            Err(e) => return StreamEnd::Failed(e.to_string()),
+        };
         req.metadata_mut().insert("authorization", header);
-        let mut stream = InboundPolicyClient::new(self.channel.clone())
+        let mut stream = match InboundPolicyClient::new(self.channel.clone())
             .max_decoding_message_size(MAX_MESSAGE)
             .watch(req)
             .await
-            .map_err(|s| format!("watch refused ({:?}): {}", s.code(), s.message()))?
-            .into_inner();
+        {
+            Ok(s) => s.into_inner(),
+            Err(s) => return StreamEnd::from_status("watch refused", &s),
+        };
         metrics.connected.set(1);
         let mut delivered = false;
         let mut chunks = Chunks::default();
         loop {
             let update = match stream.message().await {
                 Ok(Some(u)) => u,
-                Ok(None) => return Ok(delivered),
+                Ok(None) => return StreamEnd::Ended { delivered },
                 Err(s) => {
                     tracing::warn!(code = ?s.code(), error = %s.message(), delivered, "policy stream ended with an error; reconnecting");
                     return if delivered {
-                        Ok(true)
+                        StreamEnd::Ended { delivered }
                     } else {
-                        Err(format!("{:?}: {}", s.code(), s.message()))
+                        StreamEnd::from_status("policy stream", &s)
                     };
                 }
             };

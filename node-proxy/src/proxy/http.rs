@@ -248,7 +248,14 @@ async fn route_request(
 ) -> Response<Body> {
     let conn_series = &conn.series;
     let start = Instant::now();
-    let original = Resolved::now(dst, shared);
+    let original = match Resolved::now(dst, shared).await {
+        Ok(r) => r,
+        Err(e) => {
+            let series = conn_series.get("", None);
+            series.request();
+            return series.response(start.elapsed(), error_response(&e));
+        }
+    };
     let dst_service = original.dst_service();
     let refused = |e: ProxyError| {
         let series = conn_series.get(&dst_service, None);
@@ -265,6 +272,7 @@ async fn route_request(
     if super::upgrade::is_upgrade(&req) {
         // An upgrade is never retried: one endpoint, and the connection becomes a stream.
         let picked = super::route::backend(rule.as_deref(), &original, shared)
+            .await
             .and_then(|(_, resolved)| resolved.pick(shared, &pod.workload));
         let (target, pick) = match picked {
             Ok(p) => p,

@@ -42,6 +42,7 @@ pub use detect::{classify, Protocol};
 pub use http_metrics::HttpMetrics;
 pub use metrics::{TcpMetrics, TrafficLabels};
 pub use redirect::{Redirect, Redirector};
+pub use resolve::Destinations;
 pub use tunnel::TunnelPool;
 
 use crate::discovery::{DiscoveryState, Workload};
@@ -162,6 +163,8 @@ pub struct Shared {
     pub budgets: retry::Budgets,
     /// Whether opaque streams to peer proxies take kernel TLS (`transport`).
     pub kernel_tls: crate::ktls::KernelTls,
+    /// Destinations discovery does not know yet: subscribed, then waited for.
+    pub destinations: resolve::Destinations,
 }
 
 /// What happens to a pod's connection to an address discovery does not know (not a

@@ -35,8 +35,8 @@ pub(super) async fn proxy(
             "connection made to the outbound port itself".into(),
         ));
     }
-    let resolved = Resolved::now(dst, shared);
-    let opaque = resolved.opaque(&shared.state.borrow());
+    let resolved = Resolved::now(dst, shared).await?;
+    let opaque = resolved.opaque();
     let (protocol, mut client) = if opaque {
         (
             Protocol::Opaque,
@@ -55,7 +55,7 @@ pub(super) async fn proxy(
     let resolved = if opaque {
         resolved
     } else {
-        Resolved::now(dst, shared)
+        Resolved::now(dst, shared).await?
     };
     let (target, pick) = resolved.pick(shared, &pod.workload)?;
     let labels = |server_id: String| {

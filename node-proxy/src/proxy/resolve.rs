@@ -6,11 +6,47 @@
 use super::balance::{AccrualFor, NoPick, Pick};
 use super::classify::{classify, Class, GrpcCode};
 use super::{ProxyError, Shared};
-use crate::discovery::{Destination, DiscoveryState, Workload};
+use crate::discovery::{
+    Destination, DiscoveryState, Lookup, Subscriptions, Target as Subscribed, WaitError, Workload,
+};
 use ambit_api::ports::{PortSet, DEFAULT_OPAQUE_PORTS};
 use ambit_api::WorkloadIdentity;
 use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+/// How the data path learns what a destination is when discovery has not said yet:
+/// it subscribes and waits, with a bound, then fails closed.
+#[derive(Clone, Debug)]
+pub struct Destinations {
+    /// What this node's pods use.
+    pub subscriptions: Subscriptions,
+    /// How long a first connection waits for the control plane's answer.
+    pub timeout: Duration,
+    /// This node (its own pods are known without subscribing).
+    pub node: String,
+}
+
+impl Destinations {
+    /// Subscribes this proxy to `target` if it is not already and records a use; when
+    /// `lookup` does not know it yet, waits for the answer (at most `timeout`).
+    async fn wait<T>(
+        &self,
+        shared: &Shared,
+        target: Subscribed,
+        lookup: impl Fn(&DiscoveryState) -> Lookup<T>,
+    ) -> Result<T, ProxyError> {
+        self.subscriptions
+            .wait(&shared.state, &target, self.timeout, lookup)
+            .await
+            .map_err(|e| match e {
+                WaitError::Timeout { .. } => ProxyError::Unavailable(format!(
+                    "{e}; refusing rather than connecting around the mesh (--discovery-lookup-timeout)"
+                )),
+                WaitError::Closed => ProxyError::Unavailable(e.to_string()),
+            })
+    }
+}
 
 /// One place a connection or request may go.
 #[derive(Clone, Debug, PartialEq)]
@@ -40,25 +76,56 @@ pub(super) struct Resolved {
     pub targets: Vec<Target>,
     /// Neither a Service nor a known pod: subject to `--outbound-unknown`.
     unknown: bool,
+    /// Connections skip protocol detection (see [`Self::opaque`]).
+    opaque: bool,
 }
 
 impl Resolved {
-    /// Resolves `dst` against what discovery knows.
-    pub fn new(dst: SocketAddr, state: &DiscoveryState) -> Self {
-        Self::of(dst, state.resolve(dst))
+    /// Resolves `dst` with the proxy's discovery state: a destination it holds is
+    /// resolved at once (and its subscription kept alive); one it does not, first
+    /// subscribed and waited for — then refused if discovery does not answer in time.
+    pub async fn now(dst: SocketAddr, shared: &Shared) -> Result<Self, ProxyError> {
+        let d = &shared.destinations;
+        let known = match shared.state.borrow().lookup(dst) {
+            // This node's own pods need no subscription.
+            Lookup::Known(Destination::Pod(w, a)) if w.node == d.node => {
+                Some(Destination::Pod(w, a))
+            }
+            _ => None,
+        };
+        let dest = match known {
+            Some(dest) => dest,
+            None => {
+                d.wait(shared, Subscribed::Addr(dst.ip()), |s| s.lookup(dst))
+                    .await?
+            }
+        };
+        Self::of(dst, dest)
     }
 
     /// Port `port` of Service `namespace`/`name` (a route's backend); None when discovery
-    /// knows no such Service port.
-    pub fn service(namespace: &str, name: &str, port: u16, state: &DiscoveryState) -> Option<Self> {
-        let dest = state.service(namespace, name, port)?;
+    /// says there is no such Service port. Waits for discovery's answer as [`Self::now`].
+    pub async fn service(
+        namespace: &str,
+        name: &str,
+        port: u16,
+        shared: &Shared,
+    ) -> Result<Option<Self>, ProxyError> {
+        let target = Subscribed::Service(format!("{namespace}/{name}").into());
+        let Some(dest) = shared
+            .destinations
+            .wait(shared, target, |s| s.service(namespace, name, port))
+            .await?
+        else {
+            return Ok(None);
+        };
         // A backend has no address of its own: its ClusterIP is never connected to.
         let dst = SocketAddr::new(std::net::Ipv4Addr::UNSPECIFIED.into(), port);
-        Some(Self::of(dst, dest))
+        Self::of(dst, dest).map(Some)
     }
 
-    fn of(dst: SocketAddr, dest: Destination) -> Self {
-        match dest {
+    fn of(dst: SocketAddr, dest: Destination) -> Result<Self, ProxyError> {
+        Ok(match dest {
             Destination::Service {
                 service,
                 port,
@@ -70,6 +137,9 @@ impl Resolved {
                     name: service.name.clone(),
                     port: port.port,
                 }),
+                opaque: endpoints
+                    .iter()
+                    .any(|(addr, e)| e.opaque_ports.contains(addr.port())),
                 targets: endpoints
                     .into_iter()
                     .map(|(addr, e)| Target {
@@ -82,6 +152,7 @@ impl Resolved {
             Destination::Pod(w, addr) => Self {
                 dst,
                 service: None,
+                opaque: w.opaque_ports.contains(addr.port()),
                 targets: vec![Target {
                     addr,
                     identity: w.meshed.then(|| w.identity.clone()),
@@ -91,32 +162,26 @@ impl Resolved {
             Destination::Unknown(addr) => Self {
                 dst,
                 service: None,
+                opaque: default_opaque_ports().contains(addr.port()),
                 targets: vec![Target {
                     addr,
                     identity: None,
                 }],
                 unknown: true,
             },
-        }
+            Destination::Refused(why) => {
+                return Err(ProxyError::Unavailable(format!(
+                    "discovery refused to resolve {dst}: {why}"
+                )))
+            }
+        })
     }
 
     /// Whether connections skip protocol detection: the destination pod's opaque ports
     /// (for a Service, any of its endpoints'), else Linkerd's default opaque ports. Asked
     /// once per connection, not per request.
-    pub fn opaque(&self, state: &DiscoveryState) -> bool {
-        if self.unknown {
-            return default_opaque_ports().contains(self.dst.port());
-        }
-        self.targets.iter().any(|t| {
-            state
-                .workload_by_ip(t.addr.ip())
-                .is_some_and(|w| w.opaque_ports.contains(t.addr.port()))
-        })
-    }
-
-    /// Resolves `dst` with the proxy's current discovery state.
-    pub fn now(dst: SocketAddr, shared: &Shared) -> Self {
-        Self::new(dst, &shared.state.borrow())
+    pub fn opaque(&self) -> bool {
+        self.opaque
     }
 
     /// The `dst_service` label: `<name>.<namespace>`, empty when not a Service.

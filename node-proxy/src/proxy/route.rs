@@ -47,7 +47,7 @@ pub(super) fn rule<B>(
 /// Where one try goes: a backend of `rule` by weight (None: the parent Service,
 /// `original`), resolved to its endpoints — the parent's own resolution when the backend
 /// is the parent.
-pub(super) fn backend<'a>(
+pub(super) async fn backend<'a>(
     rule: Option<&Rule>,
     original: &'a Resolved,
     shared: &Shared,
@@ -71,7 +71,8 @@ pub(super) fn backend<'a>(
     if parent {
         return Ok((Some(b.clone()), Cow::Borrowed(original)));
     }
-    let resolved = Resolved::service(&b.namespace, &b.name, b.port, &shared.state.borrow())
+    let resolved = Resolved::service(&b.namespace, &b.name, b.port, shared)
+        .await?
         .ok_or_else(|| {
             // Gateway API: a request drawn to an invalid backend gets 500.
             ProxyError::BadRoute(format!(
@@ -162,7 +163,7 @@ impl Trying<'_> {
         let mut first = Some(parts);
         let mut n = 0u32;
         loop {
-            let (backend, resolved) = match backend(Some(rule), self.original, self.shared) {
+            let (backend, resolved) = match backend(Some(rule), self.original, self.shared).await {
                 Ok(b) => b,
                 Err(e) => return (error_response(&e), Some(e.kind()), n > 0),
             };

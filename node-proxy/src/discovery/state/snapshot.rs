@@ -2,7 +2,7 @@
 //! while the control plane is away starts from the last view instead of from nothing
 //! (`crate::persist`). Applying the snapshot to an empty state gives this state again.
 
-use super::{DiscoveryState, Endpoint, Service, Workload};
+use super::{DiscoveryState, Endpoint, Resolution, Service, Workload};
 use ambit_api::ports::PortSet;
 use ambit_api::proto::discovery as pb;
 
@@ -57,7 +57,22 @@ fn endpoint(e: &Endpoint) -> pb::Endpoint {
         meshed: e.identity.is_some(),
         node: e.node.clone(),
         pod: e.pod.clone().unwrap_or_default(),
+        opaque_ports: ranges(&e.opaque_ports),
     }
+}
+
+fn resolution(target: &str, r: &Resolution) -> pb::Resolution {
+    let mut out = pb::Resolution {
+        target: target.to_string(),
+        ..pb::Resolution::default()
+    };
+    match r {
+        Resolution::Service(k) => out.service = k.clone(),
+        Resolution::Workload(k) => out.workload = k.clone(),
+        Resolution::Outside => {}
+        Resolution::Refused(why) => out.refused = why.clone(),
+    }
+    out
 }
 
 fn service(s: &Service) -> pb::Service {
@@ -85,9 +100,12 @@ impl DiscoveryState {
             snapshot: true,
             workloads: self.workloads.values().map(|w| workload(w)).collect(),
             services: self.services.values().map(|s| service(s)).collect(),
-            removed_workloads: Vec::new(),
-            removed_services: Vec::new(),
-            more: false,
+            resolutions: self
+                .resolutions
+                .iter()
+                .map(|(t, r)| resolution(t, r))
+                .collect(),
+            ..pb::Update::default()
         }
     }
 }
