@@ -14,6 +14,7 @@
 
 pub mod binary;
 pub mod cni;
+pub mod discovery;
 pub mod kube;
 pub mod load;
 pub mod netns;

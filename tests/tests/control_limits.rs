@@ -6,7 +6,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure
 
 use ambit_api::proto::discovery::discovery_client::DiscoveryClient;
-use ambit_api::proto::discovery::WatchRequest;
 use ambit_api::proto::identity::identity_client::IdentityClient;
 use ambit_api::proto::identity::{CertifyRequest, CertifyResponse};
 use ambit_control::config::Config;
@@ -156,12 +155,7 @@ impl Limited {
     /// first update.
     async fn watch(&self) -> Result<usize, tonic::Status> {
         let mut client = DiscoveryClient::new(self.channel(self.discovery));
-        let mut req = tonic::Request::new(WatchRequest {
-            node: "node-a".into(),
-        });
-        let token = format!("Bearer {}", node_token("node-a"));
-        req.metadata_mut()
-            .insert("authorization", token.parse().unwrap());
+        let (req, _requests) = ambit_e2e::discovery::watch_request("node-a", Some("node-a"), &[]);
         let mut stream = client.watch(req).await?.into_inner();
         let first = stream.message().await?.expect("a snapshot");
         assert!(first.snapshot);

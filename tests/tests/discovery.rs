@@ -5,6 +5,7 @@
 
 use ambit_api::proto::discovery::discovery_client::DiscoveryClient as PbClient;
 use ambit_api::proto::discovery::WatchRequest;
+use ambit_e2e::discovery::watch_request;
 use ambit_e2e::{node_token, ControlPlane};
 use ambit_proxy::discovery::{Destination, DiscoveryClient, DiscoveryMetrics, DiscoveryState};
 use std::sync::Arc;
@@ -166,26 +167,31 @@ async fn the_proxy_keeps_its_state_while_the_control_plane_is_away_and_resyncs_a
 async fn a_proxy_may_only_watch_its_own_node() {
     let cp = ControlPlane::start(CLUSTER, &["node-a", "node-b"]).await;
     let mut client = PbClient::new(cp.channel(&cp.discovery_url()));
-    let mut req = tonic::Request::new(WatchRequest {
-        node: "node-b".into(),
-    });
-    req.metadata_mut().insert(
-        "authorization",
-        format!("Bearer {}", node_token("node-a")).parse().unwrap(),
-    );
+    let (req, _requests) = watch_request("node-b", Some("node-a"), &[]);
     let s = client.watch(req).await.unwrap_err();
     assert_eq!(s.code(), tonic::Code::PermissionDenied);
     assert!(s.message().contains("belongs to node node-a"), "{s:?}");
-    let s = client
-        .watch(WatchRequest {
-            node: "node-a".into(),
-        })
-        .await
-        .unwrap_err();
+    let (req, _requests) = watch_request("node-a", None, &[]);
+    let s = client.watch(req).await.unwrap_err();
     assert_eq!(s.code(), tonic::Code::Unauthenticated);
+    // A proxy of an earlier version, which expects the whole cluster and does not
+    // subscribe, is told to upgrade (it keeps serving from its last state meanwhile).
+    let (req, requests) = watch_request("node-a", Some("node-a"), &[]);
+    let _ = requests;
+    let mut old = req;
+    let (tx, rx) = tokio::sync::mpsc::channel(1);
+    tx.try_send(WatchRequest {
+        node: "node-a".into(),
+        ..WatchRequest::default()
+    })
+    .unwrap();
+    *old.get_mut() = tokio_stream::wrappers::ReceiverStream::new(rx);
+    let s = client.watch(old).await.unwrap_err();
+    assert_eq!(s.code(), tonic::Code::FailedPrecondition);
+    assert!(s.message().contains("upgrade the node proxy"), "{s:?}");
     assert!(cp
         .metrics()
         .await
-        .contains("discovery_watches_refused_total 2"));
+        .contains("discovery_watches_refused_total 3"));
     cp.stop().await;
 }

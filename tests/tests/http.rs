@@ -121,7 +121,8 @@ async fn http_app(netns: &Netns) {
     });
 }
 
-/// A gRPC server-streaming service: three updates, then a PermissionDenied status.
+/// A gRPC bidirectional-streaming service: reads the first request, answers three
+/// updates, then a PermissionDenied status.
 struct Streamer;
 
 #[tonic::async_trait]
@@ -130,9 +131,14 @@ impl Discovery for Streamer {
         std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<Update, tonic::Status>> + Send>>;
     async fn watch(
         &self,
-        req: tonic::Request<WatchRequest>,
+        req: tonic::Request<tonic::Streaming<WatchRequest>>,
     ) -> Result<tonic::Response<Self::WatchStream>, tonic::Status> {
-        let node = req.into_inner().node;
+        let node = req
+            .into_inner()
+            .message()
+            .await?
+            .map(|r| r.node)
+            .unwrap_or_default();
         let mut items: Vec<Result<Update, tonic::Status>> = (0..3)
             .map(|i| {
                 Ok(Update {
@@ -359,7 +365,10 @@ async fn grpc_streaming_and_status_in_trailers_pass_through() {
         .unwrap();
     let mut client = ambit_api::proto::discovery::discovery_client::DiscoveryClient::new(channel);
     let mut stream = client
-        .watch(WatchRequest { node: "n".into() })
+        .watch(tokio_stream::once(WatchRequest {
+            node: "n".into(),
+            ..Default::default()
+        }))
         .await
         .unwrap()
         .into_inner();

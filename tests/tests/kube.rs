@@ -402,13 +402,7 @@ async fn token_review_refusals_are_precise_grpc_statuses_and_are_counted() {
     let mut client = ambit_api::proto::discovery::discovery_client::DiscoveryClient::new(
         cp.channel(&cp.discovery_url()),
     );
-    let mut req = tonic::Request::new(ambit_api::proto::discovery::WatchRequest {
-        node: "node-a".into(),
-    });
-    req.metadata_mut().insert(
-        "authorization",
-        format!("Bearer {}", node_token("node-b")).parse().unwrap(),
-    );
+    let (req, _requests) = ambit_e2e::discovery::watch_request("node-a", Some("node-b"), &[]);
     let err = client.watch(req).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::PermissionDenied, "{err:?}");
 

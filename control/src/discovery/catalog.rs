@@ -202,6 +202,15 @@ impl Catalog {
         if old.as_deref() == new.as_deref() {
             return None;
         }
+        let before: BTreeSet<IpAddr> = old.iter().flat_map(|o| ips(o)).collect();
+        let after: BTreeSet<IpAddr> = new.iter().flat_map(|n| ips(n)).collect();
+        // An address that a pod gained or lost resolves to something else now.
+        for ip in before.symmetric_difference(&after) {
+            targets.insert(ip.to_string().into());
+        }
+        for ip in before.union(&after) {
+            services.extend(self.endpoint_ips.get(ip).into_iter().flatten().cloned());
+        }
         if let Some(o) = &old {
             if let Some(set) = self.by_node.get_mut(&o.node) {
                 set.remove(&k);
@@ -209,12 +218,10 @@ impl Catalog {
                     self.by_node.remove(&o.node);
                 }
             }
-            for ip in ips(o) {
-                if self.by_ip.get(&ip) == Some(&k) {
-                    self.by_ip.remove(&ip);
+            for ip in &before {
+                if self.by_ip.get(ip) == Some(&k) {
+                    self.by_ip.remove(ip);
                 }
-                targets.insert(ip.to_string().into());
-                services.extend(self.endpoint_ips.get(&ip).into_iter().flatten().cloned());
             }
         }
         match &new {
@@ -225,10 +232,8 @@ impl Catalog {
                         .or_default()
                         .insert(k.clone());
                 }
-                for ip in ips(n) {
-                    self.by_ip.insert(ip, k.clone());
-                    targets.insert(ip.to_string().into());
-                    services.extend(self.endpoint_ips.get(&ip).into_iter().flatten().cloned());
+                for ip in &after {
+                    self.by_ip.insert(*ip, k.clone());
                 }
                 self.workloads.insert(k.clone(), n.clone());
             }
@@ -295,12 +300,16 @@ impl Catalog {
             service: k.to_string(),
             ..pb::EndpointDelta::default()
         };
+        let before: BTreeSet<IpAddr> = old.iter().flat_map(|o| vips(&o.meta)).collect();
+        let after: BTreeSet<IpAddr> = new.iter().flat_map(|n| vips(&n.meta)).collect();
+        for ip in before.symmetric_difference(&after) {
+            targets.insert(ip.to_string().into());
+        }
         if let Some(o) = &old {
-            for ip in vips(&o.meta) {
-                if self.by_vip.get(&ip) == Some(&k) {
-                    self.by_vip.remove(&ip);
+            for ip in &before {
+                if self.by_vip.get(ip) == Some(&k) {
+                    self.by_vip.remove(ip);
                 }
-                targets.insert(ip.to_string().into());
             }
             for e in o.endpoints.values() {
                 self.unlink_endpoint(&k, e);
@@ -320,9 +329,8 @@ impl Catalog {
             targets.insert(k.clone());
         }
         if let Some(n) = &new {
-            for ip in vips(&n.meta) {
-                self.by_vip.insert(ip, k.clone());
-                targets.insert(ip.to_string().into());
+            for ip in &after {
+                self.by_vip.insert(*ip, k.clone());
             }
             for e in n.endpoints.values() {
                 self.link_endpoint(&k, e);

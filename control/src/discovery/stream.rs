@@ -9,7 +9,8 @@ use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use tokio::sync::mpsc;
-use tonic::{Status, Streaming};
+use tokio_stream::StreamExt;
+use tonic::Status;
 
 /// Resources per update. A snapshot of a node with many pods or subscriptions in one
 /// message could pass a proxy's decode limit, and each stream's encode buffer keeps the
@@ -22,14 +23,20 @@ pub(super) const CHUNK_BYTES: usize = 1 << 20;
 /// A stream being served.
 pub(super) struct Stream {
     pub hub: Hub,
+    /// The node, authenticated.
     pub node: String,
     pub metrics: DiscoveryMetrics,
+    /// The response stream.
     pub tx: mpsc::Sender<Result<pb::Update, Status>>,
 }
 
 impl Stream {
     /// Serves the stream until the proxy goes away.
-    pub async fn serve(&self, first: pb::WatchRequest, mut requests: Streaming<pb::WatchRequest>) {
+    pub async fn serve(
+        &self,
+        first: pb::WatchRequest,
+        mut requests: impl tokio_stream::Stream<Item = Result<pb::WatchRequest, Status>> + Unpin,
+    ) {
         // Nothing until the backend has loaded the whole cluster once.
         tokio::select! {
             _ = self.hub.started() => {}
@@ -51,11 +58,11 @@ impl Stream {
             let mut reading = true;
             loop {
                 tokio::select! {
-                    req = requests.message(), if reading => match req {
-                        Ok(Some(r)) => self.request(id, r),
+                    req = requests.next(), if reading => match req {
+                        Some(Ok(r)) => self.request(id, r),
                         // The proxy sends no more requests; the stream stays.
-                        Ok(None) => reading = false,
-                        Err(status) => {
+                        None => reading = false,
+                        Some(Err(status)) => {
                             tracing::debug!(node = %self.node, %status, "discovery stream's requests failed");
                             return;
                         }

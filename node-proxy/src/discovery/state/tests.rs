@@ -35,6 +35,10 @@ fn svc() -> pb::Service {
                 node: "node-a".into(),
                 meshed: true,
                 pod: "shop/web-0".into(),
+                opaque_ports: vec![pb::PortRange {
+                    first: 5432,
+                    last: 5432,
+                }],
             },
             pb::Endpoint {
                 address: "10.1.0.6".into(),
@@ -201,6 +205,16 @@ fn a_state_written_back_as_a_snapshot_gives_the_same_state() {
     }];
     with_all.workloads[0].workload = "web".into();
     with_all.workloads[0].ready = true;
+    with_all.resolutions = vec![
+        resolution("10.96.0.10", "shop/web", ""),
+        resolution("10.2.0.5", "", "shop/db-0"),
+        resolution("192.0.2.1", "", ""),
+    ];
+    with_all.resolutions.push(pb::Resolution {
+        target: "198.51.100.1".into(),
+        refused: "too many".into(),
+        ..Default::default()
+    });
     s.apply(with_all);
     let written = s.to_snapshot();
     assert!(written.snapshot && !written.more);
@@ -220,6 +234,146 @@ fn a_state_written_back_as_a_snapshot_gives_the_same_state() {
     assert_eq!(
         back.resolve("10.96.0.10:80".parse().unwrap()),
         s.resolve("10.96.0.10:80".parse().unwrap()),
-        "Services and endpoints (identity, readiness) too"
+        "Services and endpoints (identity, readiness, opaque ports) too"
     );
+    assert_eq!(
+        back.resolutions(),
+        s.resolutions(),
+        "and what each target is"
+    );
+    assert_eq!(back.resolutions().len(), 4);
+}
+
+fn resolution(target: &str, service: &str, workload: &str) -> pb::Resolution {
+    pb::Resolution {
+        target: target.into(),
+        service: service.into(),
+        workload: workload.into(),
+        refused: String::new(),
+    }
+}
+
+#[test]
+fn a_destination_is_pending_until_discovery_says_what_it_is() {
+    let mut s = DiscoveryState::default();
+    // The node's own pods only, as a node's stream starts.
+    s.apply(pb::Update {
+        snapshot: true,
+        workloads: vec![wl("shop", "web-0", "node-a", "10.1.0.5", true)],
+        ..Default::default()
+    });
+    let local: std::net::SocketAddr = "10.1.0.5:8080".parse().unwrap();
+    assert!(matches!(
+        s.lookup(local),
+        Lookup::Known(Destination::Pod(..))
+    ));
+    for a in ["10.96.0.10:80", "10.2.0.5:5432", "192.0.2.1:443"] {
+        assert_eq!(s.lookup(a.parse().unwrap()), Lookup::Pending, "{a}");
+    }
+    assert_eq!(s.service("shop", "web", 80), Lookup::Pending);
+    // A resolution that names a Service not yet received is still pending.
+    s.apply(pb::Update {
+        resolutions: vec![resolution("10.96.0.10", "shop/web", "")],
+        ..Default::default()
+    });
+    assert_eq!(s.lookup("10.96.0.10:80".parse().unwrap()), Lookup::Pending);
+    // The answers: a Service, a pod of another node, an address outside the cluster, a
+    // Service that does not exist, and one the control plane refused.
+    s.apply(pb::Update {
+        workloads: vec![wl("shop", "db-0", "node-b", "10.2.0.5", true)],
+        services: vec![svc()],
+        resolutions: vec![
+            resolution("10.2.0.5", "", "shop/db-0"),
+            resolution("192.0.2.1", "", ""),
+            resolution("shop/nope", "", ""),
+            pb::Resolution {
+                target: "198.51.100.1".into(),
+                refused: "no more".into(),
+                ..Default::default()
+            },
+        ],
+        ..Default::default()
+    });
+    match s.lookup("10.96.0.10:80".parse().unwrap()) {
+        Lookup::Known(Destination::Service { endpoints, .. }) => {
+            assert_eq!(endpoints.len(), 1);
+            assert!(
+                endpoints[0].1.opaque_ports.contains(5432),
+                "the endpoint's opaque ports"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    // The Service's ClusterIP on a port it does not have is not pending forever.
+    assert_eq!(
+        s.lookup("10.96.0.10:81".parse().unwrap()),
+        Lookup::Known(Destination::Unknown("10.96.0.10:81".parse().unwrap()))
+    );
+    assert!(
+        matches!(s.lookup("10.2.0.5:5432".parse().unwrap()), Lookup::Known(Destination::Pod(w, _)) if w.name == "db-0")
+    );
+    assert_eq!(
+        s.lookup("192.0.2.1:443".parse().unwrap()),
+        Lookup::Known(Destination::Unknown("192.0.2.1:443".parse().unwrap()))
+    );
+    assert_eq!(
+        s.lookup("198.51.100.1:1".parse().unwrap()),
+        Lookup::Known(Destination::Refused("no more".into()))
+    );
+    assert!(matches!(
+        s.service("shop", "web", 80),
+        Lookup::Known(Some(_))
+    ));
+    assert_eq!(s.service("shop", "web", 81), Lookup::Known(None));
+    assert_eq!(s.service("shop", "nope", 80), Lookup::Known(None));
+    // Unsubscribed: the control plane removes what it sent.
+    s.apply(pb::Update {
+        removed_workloads: vec!["shop/db-0".into()],
+        removed_resolutions: vec!["10.2.0.5".into()],
+        ..Default::default()
+    });
+    assert_eq!(s.lookup("10.2.0.5:5432".parse().unwrap()), Lookup::Pending);
+}
+
+#[test]
+fn endpoint_deltas_change_one_endpoint_and_keep_the_rest() {
+    let mut s = DiscoveryState::default();
+    s.apply(pb::Update {
+        snapshot: true,
+        services: vec![svc()],
+        ..Default::default()
+    });
+    let mut ready = svc().endpoints[1].clone();
+    ready.ready = true;
+    let added = pb::Endpoint {
+        address: "10.1.0.7".into(),
+        ports: [("http".to_string(), 8080)].into(),
+        ready: true,
+        ..Default::default()
+    };
+    let invalid = s.apply(pb::Update {
+        endpoint_deltas: vec![pb::EndpointDelta {
+            service: "shop/web".into(),
+            upserted: vec![ready, added],
+            removed: vec!["10.1.0.5".into()],
+        }],
+        ..Default::default()
+    });
+    assert!(invalid.is_empty(), "{invalid:?}");
+    let Lookup::Known(Destination::Service { endpoints, .. }) =
+        s.lookup("10.96.0.10:80".parse().unwrap())
+    else {
+        panic!("not a Service")
+    };
+    let addrs: Vec<String> = endpoints.iter().map(|(a, _)| a.to_string()).collect();
+    assert_eq!(addrs, ["10.1.0.6:8080", "10.1.0.7:8080"]);
+    // A delta for a Service this proxy was not sent is reported, and changes nothing.
+    let invalid = s.apply(pb::Update {
+        endpoint_deltas: vec![pb::EndpointDelta {
+            service: "shop/other".into(),
+            ..Default::default()
+        }],
+        ..Default::default()
+    });
+    assert_eq!(invalid.len(), 1);
 }

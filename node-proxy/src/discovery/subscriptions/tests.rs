@@ -1,1 +1,92 @@
 use super::*;
+use crate::discovery::Destination;
+use ambit_api::proto::discovery as pb;
+
+fn ip(s: &str) -> Target {
+    Target::Addr(s.parse().unwrap())
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_destination_is_subscribed_on_first_use_and_dropped_once_idle() {
+    let subs = Subscriptions::default();
+    let mut changes = subs.changes();
+    subs.touch(&ip("10.96.0.10"));
+    assert!(changes.has_changed().unwrap(), "a new target is announced");
+    changes.mark_unchanged();
+    subs.touch(&ip("10.96.0.10"));
+    assert!(
+        !changes.has_changed().unwrap(),
+        "a use of a known one is not"
+    );
+    subs.touch(&Target::Service("shop/web".into()));
+    changes.mark_unchanged();
+    tokio::time::advance(Duration::from_secs(200)).await;
+    // Used again: stays; the other goes after its idle time.
+    subs.touch(&ip("10.96.0.10"));
+    tokio::time::advance(Duration::from_secs(200)).await;
+    assert_eq!(
+        subs.expire(Duration::from_secs(300)),
+        [Target::Service("shop/web".into())]
+    );
+    assert!(changes.has_changed().unwrap());
+    assert_eq!(
+        subs.current().into_iter().collect::<Vec<_>>(),
+        [ip("10.96.0.10")]
+    );
+    tokio::time::advance(Duration::from_secs(200)).await;
+    assert_eq!(subs.expire(Duration::from_secs(300)), [ip("10.96.0.10")]);
+    assert!(subs.current().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_wait_ends_when_discovery_answers_or_after_its_bound() {
+    let subs = Subscriptions::default();
+    let (tx, rx) = watch::channel(Arc::new(DiscoveryState::default()));
+    let target = ip("192.0.2.1");
+    let addr = "192.0.2.1:443".parse().unwrap();
+    // No answer: refused after the bound, and counted.
+    let started = Instant::now();
+    let err = subs
+        .wait(&rx, &target, Duration::from_secs(3), |s| s.lookup(addr))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, WaitError::Timeout { .. }), "{err}");
+    assert_eq!(started.elapsed(), Duration::from_secs(3));
+    assert!(
+        err.to_string().contains("the control plane is unreachable"),
+        "{err}"
+    );
+    assert_eq!(
+        subs.current().into_iter().collect::<Vec<_>>(),
+        [target.clone()],
+        "subscribed"
+    );
+    // The answer arrives while a connection waits.
+    let waiting = {
+        let subs = subs.clone();
+        let rx = rx.clone();
+        let target = target.clone();
+        tokio::spawn(async move {
+            subs.wait(&rx, &target, Duration::from_secs(3), |s| s.lookup(addr))
+                .await
+        })
+    };
+    tokio::time::advance(Duration::from_millis(5)).await;
+    tx.send_modify(|s| {
+        Arc::make_mut(s).apply(pb::Update {
+            resolutions: vec![pb::Resolution {
+                target: "192.0.2.1".into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        });
+    });
+    let got = waiting.await.unwrap().unwrap();
+    assert_eq!(got, Destination::Unknown(addr));
+    // Known: no wait at all.
+    let started = Instant::now();
+    subs.wait(&rx, &target, Duration::from_secs(3), |s| s.lookup(addr))
+        .await
+        .unwrap();
+    assert_eq!(started.elapsed(), Duration::ZERO);
+}
