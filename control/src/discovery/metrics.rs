@@ -117,9 +117,10 @@ impl DiscoveryMetrics {
         self.targets.set(targets as i64);
     }
 
-    pub(super) fn subscribed(&self, subscribed: usize, refused: usize) {
+    pub(super) fn subscribed(&self, subscribed: usize, refused: usize, targets: usize) {
         self.subscriptions.inc_by(subscribed as u64);
         self.targets_refused.inc_by(refused as u64);
+        self.targets.set(targets as i64);
     }
 
     pub(super) fn resynced(&self) {

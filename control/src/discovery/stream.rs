@@ -100,7 +100,12 @@ impl Stream {
             }
         };
         served.await;
-        self.hub.lock().streams.unregister(id);
+        let targets = {
+            let mut core = self.hub.lock();
+            core.streams.unregister(id);
+            core.streams.targets()
+        };
+        self.metrics.subscribed(0, 0, targets);
     }
 
     /// Applies one request: targets to add and to drop. A target that is neither an
@@ -130,8 +135,9 @@ impl Stream {
         for (target, why) in refused {
             streams.refuse(id, target.chars().take(300).collect(), why);
         }
+        let targets = streams.targets();
         drop(core);
-        self.metrics.subscribed(n_sub, n_refused);
+        self.metrics.subscribed(n_sub, n_refused, targets);
     }
 
     /// Sends `pieces` as updates; `snapshot`: the first has `snapshot` and every one but

@@ -116,6 +116,8 @@ pub struct Streams {
     by_node: HashMap<String, HashSet<StreamId>>,
     /// Target → the streams subscribed to it.
     by_target: HashMap<Arc<str>, HashSet<StreamId>>,
+    /// Targets over every stream.
+    n_targets: usize,
 }
 
 /// A registered stream's end: its id, its queue and whether it fell behind.
@@ -162,12 +164,13 @@ impl Streams {
         for t in s.targets.keys() {
             remove_from(&mut self.by_target, t, id);
         }
+        self.n_targets -= s.targets.len();
         remove_from(&mut self.by_node, &s.node, id);
     }
 
     /// The number of targets over every stream.
     pub fn targets(&self) -> usize {
-        self.streams.values().map(|s| s.targets.len()).sum()
+        self.n_targets
     }
 
     /// Everything stream `id` holds, from scratch: its node's pods, its targets' resources
@@ -233,6 +236,7 @@ impl Streams {
                 continue;
             }
             s.targets.insert(t.clone(), Resolved::default());
+            self.n_targets += 1;
             self.by_target.entry(t.clone()).or_default().insert(id);
             self.retarget(catalog, id, &t, true);
         }
@@ -259,6 +263,7 @@ impl Streams {
             let Some(old) = s.targets.remove(&t) else {
                 continue;
             };
+            self.n_targets -= 1;
             remove_from(&mut self.by_target, &t, id);
             s.send(Out::RemoveResolution(t.clone()));
             for r in resources(&old) {
