@@ -102,6 +102,21 @@ pub fn config_dump(sources: Sources) -> admin::ConfigDump {
             "discovery": {
                 "synced": s.synced,
                 "workloads": s.workloads().count(),
+                "services": s.services().count(),
+                // What this node's pods use, subscribed on demand, and what each is.
+                "destinations": s
+                    .resolutions()
+                    .iter()
+                    .map(|(t, r)| {
+                        let what = match r {
+                            crate::discovery::Resolution::Service(k) => format!("service {k}"),
+                            crate::discovery::Resolution::Workload(k) => format!("pod {k}"),
+                            crate::discovery::Resolution::Outside => "outside the cluster".into(),
+                            crate::discovery::Resolution::Refused(why) => format!("refused: {why}"),
+                        };
+                        (t.clone(), serde_json::Value::String(what))
+                    })
+                    .collect::<serde_json::Map<_, _>>(),
             },
             "pods": pods,
             "identities": ids,

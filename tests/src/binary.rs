@@ -36,8 +36,20 @@ pub fn spawn_trusting(
     anchors: &Path,
     extra: &[&str],
 ) -> Child {
+    spawn_binary(&path(), cp, node, admin, anchors, extra)
+}
+
+/// [`spawn_trusting`] with the binary at `bin` (a release build, for a benchmark).
+pub fn spawn_binary(
+    bin: &Path,
+    cp: &ControlPlane,
+    node: &str,
+    admin: u16,
+    anchors: &Path,
+    extra: &[&str],
+) -> Child {
     let c = NodeProxy::config(cp, node);
-    Command::new(path())
+    Command::new(bin)
         .args(["--node-name", node])
         .args(["--identity-url", &c.identity_url])
         .args(["--discovery-url", &c.discovery_url])

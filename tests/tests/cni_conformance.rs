@@ -301,13 +301,14 @@ async fn every_command_in_every_version_against_a_real_proxy() {
         .await;
     }
 
-    // A pod the control plane places on another node, or does not know: refused, with
-    // the reason.
+    // A pod the control plane places on another node (a node's discovery holds its own
+    // pods only, so this node never hears of it), or does not know: refused, to be tried
+    // again, with the reason.
     {
         let socket = socket.clone();
         let netns = web.netns.clone();
         blocking(move || {
-            for (name, code) in [("away", 101), ("ghost", 11)] {
+            for (name, code) in [("away", 11), ("ghost", 11)] {
                 let pod = Pod {
                     namespace: "shop",
                     name,
@@ -319,6 +320,10 @@ async fn every_command_in_every_version_against_a_real_proxy() {
                 c["timeout"] = json!("15s");
                 let r = cni(&env("ADD", &pod, "c", &k8s_args(&pod)), &c.to_string());
                 assert_eq!(r.error_code(), code, "{name}: {r:?}");
+                assert!(
+                    format!("{r:?}").contains("as a pod of node"),
+                    "{name}: {r:?}"
+                );
             }
         })
         .await;

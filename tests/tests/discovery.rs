@@ -85,9 +85,12 @@ impl Proxy {
     async fn connect_to(&self, addr: &str) -> Result<Destination, WaitError> {
         let addr: std::net::SocketAddr = addr.parse().unwrap();
         self.subs
-            .wait(&self.state, &Target::Addr(addr.ip()), Duration::from_secs(3), |s| {
-                s.lookup(addr)
-            })
+            .wait(
+                &self.state,
+                &Target::Addr(addr.ip()),
+                Duration::from_secs(3),
+                |s| s.lookup(addr),
+            )
             .await
     }
 
@@ -136,20 +139,26 @@ async fn snapshot_then_deltas_reach_the_proxy() {
         // Nothing of node-b: not its pod, not the Service no pod of node-a used yet.
         assert_eq!(s.workloads().count(), 1, "{s:?}");
         assert_eq!(s.services().count(), 0, "{s:?}");
-        assert_eq!(s.lookup("10.96.0.20:5432".parse().unwrap()), Lookup::Pending);
+        assert_eq!(
+            s.lookup("10.96.0.20:5432".parse().unwrap()),
+            Lookup::Pending
+        );
         assert_eq!(s.lookup("10.2.0.5:5432".parse().unwrap()), Lookup::Pending);
     }
     // A pod of node-a connects to the Service: subscribed, answered.
     match p.connect_to("10.96.0.20:5432").await.unwrap() {
         Destination::Service { endpoints, .. } => {
-                assert_eq!(endpoints.len(), 1);
-                let ep = &endpoints[0].1;
-                assert_eq!(
-                    ep.identity.as_ref().unwrap().to_string(),
-                    "spiffe://cluster.local/ns/shop/sa/db"
-                );
+            assert_eq!(endpoints.len(), 1);
+            let ep = &endpoints[0].1;
+            assert_eq!(
+                ep.identity.as_ref().unwrap().to_string(),
+                "spiffe://cluster.local/ns/shop/sa/db"
+            );
             assert_eq!(ep.node, "node-b");
-            assert!(ep.opaque_ports.contains(5432), "the endpoint's opaque ports");
+            assert!(
+                ep.opaque_ports.contains(5432),
+                "the endpoint's opaque ports"
+            );
         }
         other => panic!("{other:?}"),
     }
@@ -161,7 +170,12 @@ async fn snapshot_then_deltas_reach_the_proxy() {
         p.connect_to("192.0.2.1:443").await.unwrap(),
         Destination::Unknown("192.0.2.1:443".parse().unwrap())
     );
-    assert!(p.metrics().contains("discovery_lookup_waits_total{result=\"resolved\"} 3"), "{}", p.metrics());
+    assert!(
+        p.metrics()
+            .contains("discovery_lookup_waits_total{result=\"resolved\"} 3"),
+        "{}",
+        p.metrics()
+    );
 
     // A new pod on node-a arrives as a delta.
     let more = format!("{CLUSTER}---\napiVersion: v1\nkind: Pod\nmetadata: {{name: web-1, namespace: shop}}\nspec: {{nodeName: node-a, serviceAccountName: web, containers: []}}\nstatus: {{podIP: 10.1.0.6}}\n");
@@ -224,7 +238,12 @@ async fn the_proxy_keeps_its_state_while_the_control_plane_is_away_and_resyncs_a
         err.to_string().contains("the control plane is unreachable"),
         "{err}"
     );
-    assert!(p.metrics().contains("discovery_lookup_waits_total{result=\"timeout\"} 1"), "{}", p.metrics());
+    assert!(
+        p.metrics()
+            .contains("discovery_lookup_waits_total{result=\"timeout\"} 1"),
+        "{}",
+        p.metrics()
+    );
 
     // A control plane comes back (same address) with web-0 gone: the snapshot replaces all.
     let without_web = CLUSTER.replace("nodeName: node-a", "nodeName: node-c");
@@ -233,8 +252,13 @@ async fn the_proxy_keeps_its_state_while_the_control_plane_is_away_and_resyncs_a
     // What it subscribed to is subscribed again: the Service, and the address first
     // used during the outage.
     until(&mut p, "subscriptions again", |s| {
-        matches!(s.lookup("10.96.0.20:5432".parse().unwrap()), Lookup::Known(Destination::Service { .. }))
-            && matches!(s.lookup("10.2.0.5:5432".parse().unwrap()), Lookup::Known(Destination::Pod(..)))
+        matches!(
+            s.lookup("10.96.0.20:5432".parse().unwrap()),
+            Lookup::Known(Destination::Service { .. })
+        ) && matches!(
+            s.lookup("10.2.0.5:5432".parse().unwrap()),
+            Lookup::Known(Destination::Pod(..))
+        )
     })
     .await;
     let mut text = String::new();

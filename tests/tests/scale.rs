@@ -1,6 +1,7 @@
-//! Discovery at scale (issue 10): a cluster of 100,000 pods on the local backend is
-//! streamed, in chunks, to a node proxy whose discovery client keeps tonic's default
-//! decode limit; the proxy becomes ready, and no message comes near the limit.
+//! Discovery at scale (issues 10 and 22): in a cluster of 100,000 pods on the local
+//! backend, a node proxy is sent its own node's pods and what it subscribes to — not the
+//! cluster; it becomes ready; no message comes near the decode limit; a Service of 5,000
+//! endpoints is sent whole once, and one endpoint's change as a delta of that endpoint.
 //!
 //! The cluster: 1,000 nodes of 100 pods each; a Service with one EndpointSlice per ten
 //! pods (10,000), one in ten of them in the namespace that is not meshed; and one wide
@@ -14,11 +15,12 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure
 
-use ambit_e2e::{http_get, metric_sum, node_token, ControlPlane, NodeProxy, NAMESPACES};
-use bytes::{Buf, BufMut};
+use ambit_api::proto::discovery as pb;
+use ambit_api::proto::discovery::discovery_client::DiscoveryClient;
+use ambit_e2e::{http_get, metric_sum, ControlPlane, NodeProxy, NAMESPACES};
+use prost::Message;
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
-use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 
 const NODES: usize = 1_000;
 const PODS_PER_NODE: usize = 100;
@@ -31,8 +33,8 @@ const SERVICES_PER_FILE: usize = 100;
 /// default).
 const WIDE_ENDPOINTS: usize = 5_000;
 const WIDE_SLICE: usize = 100;
-/// The largest message a client accepts: tonic's default, which the node proxy's
-/// discovery client keeps (it sets no `max_decoding_message_size`).
+/// The largest message a client accepts here: tonic's default, a quarter of what the node
+/// proxy's discovery client takes (`MAX_MESSAGE`, 16 MiB).
 const DECODE_LIMIT: usize = 4 << 20;
 /// How long anything may take before the test fails rather than hangs: not a performance
 /// threshold (a debug build on a shared machine).
@@ -141,147 +143,32 @@ fn write_cluster(cp: &ControlPlane) -> usize {
     bytes
 }
 
-/// A discovery message as it came off the wire: its encoded size, and the fields of
-/// `Update` the test needs, read by hand (this crate has no protobuf runtime; the size is
-/// the one tonic compares with the decode limit).
-#[derive(Debug)]
-struct RawUpdate {
-    len: usize,
-    snapshot: bool,
-    more: bool,
-    workloads: usize,
-    services: usize,
-}
-
-/// A varint at the start of `b`, and what follows it.
-fn varint(mut b: &[u8]) -> Option<(u64, &[u8])> {
-    let mut v = 0u64;
-    for shift in (0..64).step_by(7) {
-        let (&byte, rest) = b.split_first()?;
-        b = rest;
-        v |= u64::from(byte & 0x7f) << shift;
-        if byte & 0x80 == 0 {
-            return Some((v, b));
-        }
-    }
-    None
-}
-
-/// The top-level fields of an `Update` (ambit.discovery.v1): 1 snapshot, 2 workloads,
-/// 4 services, 6 more; others skipped.
-fn raw_update(mut b: &[u8]) -> Option<RawUpdate> {
-    let mut u = RawUpdate {
-        len: b.len(),
-        snapshot: false,
-        more: false,
-        workloads: 0,
-        services: 0,
-    };
-    while !b.is_empty() {
-        let (key, rest) = varint(b)?;
-        b = rest;
-        match key & 7 {
-            0 => {
-                let (v, rest) = varint(b)?;
-                b = rest;
-                match key >> 3 {
-                    1 => u.snapshot = v != 0,
-                    6 => u.more = v != 0,
-                    _ => {}
-                }
-            }
-            2 => {
-                let (len, rest) = varint(b)?;
-                b = rest.get(usize::try_from(len).ok()?..)?;
-                match key >> 3 {
-                    2 => u.workloads += 1,
-                    4 => u.services += 1,
-                    _ => {}
-                }
-            }
-            _ => return None,
-        }
-    }
-    Some(u)
-}
-
-/// Sends a `WatchRequest` (its node name) and yields each message undecoded.
-#[derive(Clone, Copy, Debug, Default)]
-struct RawCodec;
-
-impl Codec for RawCodec {
-    type Encode = String;
-    type Decode = RawUpdate;
-    type Encoder = Self;
-    type Decoder = Self;
-    fn encoder(&mut self) -> Self {
-        Self
-    }
-    fn decoder(&mut self) -> Self {
-        Self
-    }
-}
-
-impl Encoder for RawCodec {
-    type Item = String;
-    type Error = tonic::Status;
-    fn encode(&mut self, node: String, dst: &mut EncodeBuf<'_>) -> Result<(), tonic::Status> {
-        // WatchRequest { node = 1 }: key, length, bytes (a node name is far below 128).
-        dst.put_u8(0x0a);
-        dst.put_u8(u8::try_from(node.len()).map_err(|_| tonic::Status::internal("long name"))?);
-        dst.put_slice(node.as_bytes());
-        Ok(())
-    }
-}
-
-impl Decoder for RawCodec {
-    type Item = RawUpdate;
-    type Error = tonic::Status;
-    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<RawUpdate>, tonic::Status> {
-        let bytes = src.copy_to_bytes(src.remaining());
-        raw_update(&bytes)
-            .map(Some)
-            .ok_or_else(|| tonic::Status::internal("not an Update"))
-    }
-}
-
-/// Opens a stream for `node` with the proxy's decode limit and reads one whole snapshot.
-async fn raw_snapshot(cp: &ControlPlane, node: &str) -> Vec<RawUpdate> {
-    let mut grpc = tonic::client::Grpc::new(cp.channel(&cp.discovery_url()))
+/// Opens `node`'s discovery stream subscribed to `subscribe`, as its proxy does; its
+/// snapshot (each message as decoded, with its encoded size) and the stream.
+async fn open_watch(
+    cp: &ControlPlane,
+    node: &str,
+    subscribe: &[&str],
+) -> (
+    Vec<(usize, pb::Update)>,
+    tonic::Streaming<pb::Update>,
+    tokio::sync::mpsc::Sender<pb::WatchRequest>,
+) {
+    let mut client = DiscoveryClient::new(cp.channel(&cp.discovery_url()))
         .max_decoding_message_size(DECODE_LIMIT);
-    grpc.ready().await.unwrap();
-    let mut req = tonic::Request::new(node.to_string());
-    req.metadata_mut().insert(
-        "authorization",
-        format!("Bearer {}", node_token(node)).parse().unwrap(),
-    );
-    let path = http::uri::PathAndQuery::from_static("/ambit.discovery.v1.Discovery/Watch");
-    let mut stream = grpc
-        .server_streaming(req, path, RawCodec)
-        .await
-        .unwrap()
-        .into_inner();
+    let (req, requests) = ambit_e2e::discovery::watch_request(node, Some(node), subscribe);
+    let mut stream = client.watch(req).await.unwrap().into_inner();
     let mut chunks = Vec::new();
     loop {
-        let u = stream
-            .message()
-            .await
-            .unwrap_or_else(|s| panic!("after {} messages: {s:?}", chunks.len()))
-            .expect("the stream ended inside a snapshot");
-        assert_eq!(
-            u.snapshot,
-            chunks.is_empty(),
-            "only the first is marked snapshot"
-        );
+        let u = stream.message().await.unwrap().expect("a snapshot");
         let more = u.more;
-        chunks.push(u);
+        chunks.push((u.encoded_len(), u));
         if !more {
-            return chunks;
+            return (chunks, stream, requests);
         }
     }
 }
 
-/// Polls `done` until it succeeds; fails the test after [`DEADLINE`] with its last answer.
 async fn wait(what: &str, mut done: impl AsyncFnMut() -> Result<(), String>) {
     let deadline = Instant::now() + DEADLINE;
     loop {
@@ -301,8 +188,8 @@ async fn a_proxy_becomes_ready_with_100000_pods_in_the_cluster() {
     let proxy_node = node(0);
     let early_node = node(1);
     let cp = ControlPlane::start(NAMESPACES, &[&proxy_node, &early_node]).await;
-    // A proxy connected before the cluster loads: the load reaches it as one delta of the
-    // whole cluster, which must come in chunks it can decode (30 MB in one message before).
+    // A proxy connected before the cluster loads: the load reaches it as deltas of its
+    // node's pods.
     let early = NodeProxy::start(&cp, &early_node).await;
 
     let t = Instant::now();
@@ -328,28 +215,58 @@ async fn a_proxy_becomes_ready_with_100000_pods_in_the_cluster() {
     .await;
     eprintln!("control plane loaded the cluster in {:.1?}", t.elapsed());
 
-    // The publisher renders the loaded index after the reload: until then a stream gets
-    // the namespaces-only rendering. This stream also measures what the proxy is sent.
+    // The node's stream: its 100 pods, and the wide Service it subscribes to (sent
+    // whole once), nothing else of the cluster. Until the reload is rendered a stream sees
+    // the namespaces alone: wait for the node's pods.
     let t = Instant::now();
     let mut snapshot = Vec::new();
-    wait("discovery serves the whole cluster", async || {
-        snapshot = raw_snapshot(&cp, &proxy_node).await;
-        let workloads: usize = snapshot.iter().map(|u| u.workloads).sum();
-        (workloads == PODS)
+    let mut watch = None;
+    wait("discovery serves the node's pods", async || {
+        let (chunks, stream, requests) = open_watch(&cp, &proxy_node, &["10.95.0.1"]).await;
+        let workloads: usize = chunks.iter().map(|(_, u)| u.workloads.len()).sum();
+        snapshot = chunks;
+        watch = Some((stream, requests));
+        (workloads == PODS_PER_NODE)
             .then_some(())
             .ok_or(format!("{workloads} workloads"))
     })
     .await;
-    let total: usize = snapshot.iter().map(|u| u.len).sum();
-    let largest = snapshot.iter().map(|u| u.len).max().unwrap();
-    let services: usize = snapshot.iter().map(|u| u.services).sum();
+    let total: usize = snapshot.iter().map(|(n, _)| *n).sum();
+    let largest = snapshot.iter().map(|(n, _)| *n).max().unwrap();
     eprintln!(
-        "snapshot: {} messages, {total} bytes, largest {largest} bytes ({:.1?} to publish and read)",
+        "node snapshot: {} messages, {total} bytes, largest {largest} bytes ({:.1?} to publish and read)",
         snapshot.len(),
         t.elapsed()
     );
-    assert_eq!(services, SERVICES + 1);
+    let workloads: Vec<&pb::Workload> = snapshot.iter().flat_map(|(_, u)| &u.workloads).collect();
+    assert!(
+        workloads.iter().all(|w| w.node == proxy_node),
+        "a node's stream holds no other node's pods"
+    );
+    let services: Vec<&pb::Service> = snapshot.iter().flat_map(|(_, u)| &u.services).collect();
+    assert_eq!(services.len(), 1, "only the Service subscribed to");
+    assert_eq!(services[0].endpoints.len(), WIDE_ENDPOINTS);
     assert!(largest <= DECODE_LIMIT, "{largest} bytes");
+
+    // One pod of the wide Service churns (its slice marks it not ready): the subscriber
+    // is sent that endpoint, not the Service's 5,000.
+    let (mut stream, _requests) = watch.take().unwrap();
+    let unready =
+        wide_service_file().replacen("conditions: {ready: true}", "conditions: {ready: false}", 1);
+    std::fs::write(cp.dir.path().join("cluster/scale/wide.yaml"), unready).unwrap();
+    let delta = tokio::time::timeout(DEADLINE, stream.message())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    eprintln!("endpoint delta: {} bytes", delta.encoded_len());
+    assert!(
+        delta.services.is_empty() && delta.workloads.is_empty(),
+        "{delta:?}"
+    );
+    assert_eq!(delta.endpoint_deltas.len(), 1, "{delta:?}");
+    assert_eq!(delta.endpoint_deltas[0].upserted.len(), 1, "{delta:?}");
+    assert!(!delta.endpoint_deltas[0].upserted[0].ready);
 
     let t = Instant::now();
     let proxy = NodeProxy::spawn(&cp, &proxy_node).await;
@@ -366,10 +283,11 @@ async fn a_proxy_becomes_ready_with_100000_pods_in_the_cluster() {
         serde_json::from_str(&http_get(proxy.admin_addr, "/config_dump").await.1).unwrap();
     assert_eq!(dump["discovery"]["synced"], true, "{}", dump["discovery"]);
     assert_eq!(
-        dump["discovery"]["workloads"], PODS,
-        "{}",
+        dump["discovery"]["workloads"], PODS_PER_NODE,
+        "its own pods, not the cluster's: {}",
         dump["discovery"]
     );
+    assert_eq!(dump["discovery"]["services"], 0, "{}", dump["discovery"]);
     // Its pods (100, of 100 Services in `shop`) name no netns: not served, but each
     // identity has its certificate (what /ready waited for).
     let ids = dump["identities"].as_array().unwrap();
@@ -384,24 +302,19 @@ async fn a_proxy_becomes_ready_with_100000_pods_in_the_cluster() {
         "{m}"
     );
     assert_eq!(metric_sum(&m, "discovery_connected", &[]), 1, "{m}");
-    // Every message of its snapshot arrived and decoded: as many as the raw stream's.
-    assert_eq!(
-        metric_sum(&m, "discovery_updates_total", &[]),
-        snapshot.len() as u64,
-        "{m}"
-    );
     let c = cp.metrics().await;
     assert_eq!(
         metric_sum(&c, "discovery_stream_resyncs_total", &[]),
         0,
         "{c}"
     );
-    // The early proxy got the whole cluster as a (chunked) delta, without reconnecting.
-    wait("the early proxy holds the whole cluster", async || {
+    // The early proxy, connected before the cluster loaded, got its node's pods as a
+    // delta, without reconnecting.
+    wait("the early proxy holds its node's pods", async || {
         let dump: serde_json::Value =
             serde_json::from_str(&http_get(early.admin_addr, "/config_dump").await.1)
                 .map_err(|e| e.to_string())?;
-        (dump["discovery"]["workloads"] == PODS)
+        (dump["discovery"]["workloads"] == PODS_PER_NODE)
             .then_some(())
             .ok_or(format!("{}", dump["discovery"]))
     })

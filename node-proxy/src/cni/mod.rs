@@ -319,9 +319,12 @@ impl CniServer {
                 Err(_) => {
                     return error(
                         code::TRY_AGAIN,
-                        format!("pod {key} is not known to the control plane yet"),
                         format!(
-                            "waited {:?} for discovery to list it; check that ambit-control watches its namespace",
+                            "pod {key} is not known to the control plane as a pod of node {:?} yet",
+                            self.node
+                        ),
+                        format!(
+                            "waited {:?} for discovery to list it (a node is sent its own pods only);                              check that the pod is scheduled on this node and that ambit-control watches its namespace",
                             self.add_timeout
                         ),
                     )
