@@ -6,7 +6,7 @@
 //! length, then the message).
 //!
 //! Invariants: no panic; exactly the invalid resources (an address or identity that does
-//! not parse) are skipped and reported; a valid workload the update adds is there
+//! not parse, an endpoint delta for a Service not held) are skipped and reported; a valid workload the update adds is there
 //! afterwards, one it removes and does not add is gone, a snapshot leaves only its own; the address indexes agree with the workloads and
 //! Services (every pod IP leads back to a pod that has it, every Service address and port
 //! resolves to that Service with only ready endpoints); a node's local workloads are its
@@ -44,11 +44,51 @@ fn service_ok(s: &pb::Service) -> bool {
         })
 }
 
+/// Whether the proxy should take endpoint delta `d`, given the Services it holds: one of
+/// them, and its endpoints valid.
+fn delta_ok(d: &pb::EndpointDelta, held: &BTreeSet<String>) -> bool {
+    held.contains(&d.service)
+        && d.upserted.iter().all(|e| {
+            e.address.parse::<IpAddr>().is_ok()
+                && (!e.meshed
+                    || e.identity.is_empty()
+                    || e.identity.parse::<WorkloadIdentity>().is_ok())
+        })
+}
+
+/// The Services held once `update` applied the Services it removes and adds (endpoint
+/// deltas apply after both), starting from `before`.
+fn held_after(before: &BTreeSet<String>, update: &pb::Update) -> BTreeSet<String> {
+    let mut held = if update.snapshot {
+        BTreeSet::new()
+    } else {
+        before.clone()
+    };
+    for k in &update.removed_services {
+        held.remove(k);
+    }
+    for s in update.services.iter().filter(|s| service_ok(s)) {
+        held.insert(format!("{}/{}", s.namespace, s.name));
+    }
+    held
+}
+
 /// Checks what `update` should have done to `state`; `invalid` is how many resources
-/// apply reported.
-fn check_applied(state: &DiscoveryState, update: &pb::Update, invalid: usize) {
+/// apply reported; `held` the Services held before it.
+fn check_applied(
+    state: &DiscoveryState,
+    update: &pb::Update,
+    invalid: usize,
+    held: &BTreeSet<String>,
+) {
+    let held = held_after(held, update);
     let bad = update.workloads.iter().filter(|w| !workload_ok(w)).count()
-        + update.services.iter().filter(|s| !service_ok(s)).count();
+        + update.services.iter().filter(|s| !service_ok(s)).count()
+        + update
+            .endpoint_deltas
+            .iter()
+            .filter(|d| !delta_ok(d, &held))
+            .count();
     assert_eq!(invalid, bad, "invalid resources reported");
     let key = |w: &pb::Workload| format!("{}/{}", w.namespace, w.name);
     let added: BTreeSet<String> = update.workloads.iter().map(key).collect();
@@ -122,8 +162,12 @@ fuzz_target!(|data: &[u8]| {
         let Some(update) = chunks.push(chunk) else {
             continue;
         };
+        let held: BTreeSet<String> = state
+            .services()
+            .map(|s| format!("{}/{}", s.namespace, s.name))
+            .collect();
         let invalid = state.apply(update.clone()).len();
-        check_applied(&state, &update, invalid);
+        check_applied(&state, &update, invalid, &held);
         check_indexes(&state, &update);
     }
 });

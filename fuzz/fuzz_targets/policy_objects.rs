@@ -14,8 +14,8 @@
 #![no_main]
 
 use ambit_api::proto::{discovery as dpb, policy as ppb};
-use ambit_control::discovery::{self as cdisc, NodeView};
-use ambit_control::index::ClusterIndex;
+use ambit_control::discovery::{self as cdisc, Core, DiscoveryMetrics, Hub};
+use ambit_control::index::{ClusterIndex, SharedIndex};
 use ambit_control::local::{parse_file, DEFAULT_NAMESPACE};
 use ambit_control::policy::{
     delta_chunks, diff, diff_services, policy_problems, render_nodes, render_routes,
@@ -46,7 +46,6 @@ fn defaults() -> Defaults {
 struct Rendering {
     nodes: std::collections::BTreeMap<String, NodePolicies>,
     routes: ServiceRoutesMap,
-    view: NodeView,
 }
 
 fn render(index: &ClusterIndex) -> Rendering {
@@ -55,7 +54,6 @@ fn render(index: &ClusterIndex) -> Rendering {
     Rendering {
         nodes: render_nodes(index, &d, |_| true).nodes,
         routes: render_routes(index, &ServiceRoutesMap::new()).services,
-        view: cdisc::snapshot(index),
     }
 }
 
@@ -156,11 +154,43 @@ fn check_policy(base: &Rendering, full: &Rendering) {
     }
 }
 
-/// A node proxy's discovery state with `view` streamed to it as a snapshot.
-fn discovery_state(view: &NodeView) -> DiscoveryState {
+/// Every target a proxy of the cluster could subscribe to: each Service by name and
+/// ClusterIP, each pod by address.
+fn targets(index: &ClusterIndex) -> Vec<String> {
+    let mut t: Vec<String> = index
+        .services()
+        .flat_map(|s| {
+            let name = format!("{}/{}", s.namespace, s.name);
+            std::iter::once(name).chain(s.cluster_ips.iter().map(ToString::to_string))
+        })
+        .collect();
+    t.extend(
+        index
+            .workloads()
+            .iter()
+            .flat_map(|w| w.pod.ips.iter().map(ToString::to_string)),
+    );
+    t.sort();
+    t.dedup();
+    t
+}
+
+/// Opens a stream of `node` on `hub` subscribed to `targets`; its snapshot streamed in
+/// small chunks to a fresh proxy state.
+fn open(hub: &Hub, node: &str, targets: &[String]) -> (DiscoveryState, cdisc::Registered) {
+    let mut core = hub.lock();
+    let Core { catalog, streams } = &mut *core;
+    let mut reg = streams.register(node);
+    let t = targets
+        .iter()
+        .filter_map(|t| cdisc::canonical(t).ok())
+        .collect();
+    streams.subscribe(catalog, reg.id, t);
+    let snapshot = streams.snapshot(catalog, reg.id, &mut reg.rx);
+    drop(core);
     let mut state = DiscoveryState::default();
     stream(
-        view.snapshot_chunks(PER_CHUNK, CHUNK_BYTES).collect(),
+        cdisc::updates(snapshot, true, PER_CHUNK, CHUNK_BYTES),
         |u: dpb::Update| {
             let invalid = state.apply(u);
             assert!(
@@ -169,35 +199,75 @@ fn discovery_state(view: &NodeView) -> DiscoveryState {
             );
         },
     );
-    state
+    (state, reg)
 }
 
-fn check_discovery(base: &NodeView, full: &NodeView) {
-    let snapshot = discovery_state(full);
-    let keys: Vec<String> = snapshot.workloads().map(|w| w.key()).collect();
-    let want: Vec<&String> = full.workloads.keys().collect();
-    assert_eq!(keys.iter().collect::<Vec<_>>(), want);
-    let mut delta_state = discovery_state(base);
-    if let Some(delta) = cdisc::diff(base, full) {
-        let invalid = delta_state.apply(delta);
-        assert!(
-            invalid.is_empty(),
-            "the proxy ignored a discovery delta: {invalid:?}"
-        );
-    }
-    let a: Vec<_> = snapshot.workloads().collect();
-    let b: Vec<_> = delta_state.workloads().collect();
-    assert_eq!(a, b, "a delta and a snapshot left different workloads");
-    for s in full.services.values().chain(base.services.values()) {
-        for port in s.ports.iter().filter_map(|p| u16::try_from(p.port).ok()) {
+/// What the proxy resolves, compared between two states: workloads and every Service port.
+fn same_discovery(a: &DiscoveryState, b: &DiscoveryState, index: &ClusterIndex) {
+    let wa: Vec<_> = a.workloads().collect();
+    let wb: Vec<_> = b.workloads().collect();
+    assert_eq!(wa, wb, "a delta and a snapshot left different workloads");
+    assert_eq!(
+        a.resolutions(),
+        b.resolutions(),
+        "and different resolutions"
+    );
+    for s in index.services() {
+        for port in s.ports.iter().map(|p| p.port) {
             assert_eq!(
-                snapshot.service(&s.namespace, &s.name, port),
-                delta_state.service(&s.namespace, &s.name, port),
+                a.service(&s.namespace, &s.name, port),
+                b.service(&s.namespace, &s.name, port),
                 "Service {}/{} port {port}",
                 s.namespace,
                 s.name
             );
         }
+    }
+}
+
+/// The discovery stream of a node subscribed to everything in either index: opened on
+/// the base cluster then sent the change to `full` as deltas, it must end where a stream
+/// opened on `full` starts.
+fn check_discovery(base: &ClusterIndex, full: &ClusterIndex) {
+    let mut all = targets(base);
+    all.extend(targets(full));
+    all.sort();
+    all.dedup();
+    let targets = all;
+    for node in [NODE, OTHER_NODE] {
+        let shared = SharedIndex::new(base.clone());
+        let hub = Hub::new(DiscoveryMetrics::default());
+        hub.start(&shared);
+        let (mut delta_state, mut reg) = open(&hub, node, &targets);
+        shared.replace(full.clone());
+        hub.publish(&shared);
+        let mut pieces = Vec::new();
+        while let Ok(o) = reg.rx.try_recv() {
+            pieces.push(o);
+        }
+        assert!(!reg.behind.load(std::sync::atomic::Ordering::Relaxed));
+        for u in cdisc::updates(pieces, false, PER_CHUNK, CHUNK_BYTES) {
+            let invalid = delta_state.apply(u);
+            assert!(
+                invalid.is_empty(),
+                "the proxy ignored a discovery delta: {invalid:?}"
+            );
+        }
+        let (snapshot, _) = open(&hub, node, &targets);
+        same_discovery(&snapshot, &delta_state, full);
+        let mut local: Vec<String> = snapshot
+            .workloads()
+            .filter(|w| w.node == node)
+            .map(|w| w.key())
+            .collect();
+        let mut want: Vec<String> = full
+            .workloads_on_node(node)
+            .iter()
+            .map(|w| format!("{}/{}", w.pod.namespace, w.pod.name))
+            .collect();
+        local.sort();
+        want.sort();
+        assert_eq!(local, want, "the node's own pods");
     }
 }
 
@@ -217,5 +287,5 @@ fuzz_target!(|data: &[u8]| {
     }
     let full = render(&index);
     check_policy(base_rendering, &full);
-    check_discovery(&base_rendering.view, &full.view);
+    check_discovery(base_index, &index);
 });

@@ -27,7 +27,8 @@ mod streams;
 
 pub use catalog::{Catalog, Changed, RenderedService, Resolved};
 pub use metrics::DiscoveryMetrics;
-pub use streams::{canonical, Out, Streams, MAX_TARGETS};
+pub use stream::updates;
+pub use streams::{canonical, Out, Registered, StreamId, Streams, MAX_TARGETS};
 
 use crate::auth::NodeAuth;
 use crate::index::SharedIndex;
