@@ -159,6 +159,46 @@ impl Reconnect {
 mod tests {
     use super::*;
 
+    /// The gaps between a stream's attempts when each ends as `end` makes it.
+    async fn gaps(end: fn() -> StreamEnd, attempts: usize) -> Vec<Duration> {
+        let r = Reconnect {
+            name: "test",
+            reconnects: Counter::default(),
+            connected: Gauge::default(),
+            backoff_initial: BACKOFF_INITIAL,
+            backoff_max: BACKOFF_MAX,
+        };
+        let times = std::sync::Mutex::new(Vec::new());
+        let (done, stop) = tokio::sync::oneshot::channel::<()>();
+        let done = std::sync::Mutex::new(Some(done));
+        r.run(
+            || {
+                let mut t = times.lock().unwrap();
+                t.push(tokio::time::Instant::now());
+                if t.len() == attempts {
+                    let _ = done.lock().unwrap().take().map(|d| d.send(()));
+                }
+                async move { end() }
+            },
+            async {
+                let _ = stop.await;
+            },
+        )
+        .await;
+        let t = times.into_inner().unwrap();
+        t.windows(2).map(|w| w[1] - w[0]).collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_unreachable_control_plane_is_tried_again_every_second_at_most() {
+        let g = gaps(|| StreamEnd::Unreachable("connection refused".into()), 12).await;
+        assert!(g.iter().all(|d| *d <= Duration::from_millis(1100)), "{g:?}");
+        assert!(g[0] >= BACKOFF_INITIAL, "{g:?}");
+        // One that answers with an error backs off to half a minute.
+        let g = gaps(|| StreamEnd::Failed("permission denied".into()), 12).await;
+        assert!(g[10] >= BACKOFF_MAX, "{g:?}");
+    }
+
     #[derive(Debug)]
     struct U {
         snapshot: bool,

@@ -274,9 +274,40 @@ async fn with_the_control_plane_away_traffic_flows_a_restarted_proxy_serves_from
     match add_late(&cni_socket, &t).await {
         Response::Error { code, msg, .. } => {
             assert_eq!(code, ambit_api::cni::code::TRY_AGAIN, "{msg}");
-            assert!(msg.contains("not known to the control plane yet"), "{msg}");
+            assert!(msg.contains("not known to the control plane"), "{msg}");
         }
         other => panic!("the late pod's ADD: {other:?}"),
+    }
+    // A destination no pod of node-a used before the outage (the late pod's address):
+    // discovery cannot say what it is, so the request fails closed — refused with the
+    // reason and counted, not sent in plaintext — while the known server keeps serving.
+    {
+        let netns = Netns::open(&client).unwrap();
+        let never_used = SocketAddr::new(t.pod("late").ip.into(), 8080);
+        let mut send = connect(&netns, never_used).await.unwrap();
+        let req = http::Request::get("/")
+            .header("host", never_used.to_string())
+            .body(http_body_util::Empty::<bytes::Bytes>::new())
+            .unwrap();
+        let resp = tokio::time::timeout(Duration::from_secs(10), send.send_request(req))
+            .await
+            .expect("an answer within the lookup timeout")
+            .unwrap();
+        assert_eq!(resp.status(), 503);
+        let why = resp.headers()[ambit_proxy::proxy::ERROR_HEADER]
+            .to_str()
+            .unwrap()
+            .to_string();
+        assert!(
+            why.contains("discovery did not say what") && why.contains("unreachable"),
+            "{why}"
+        );
+        let m = a.metrics().await;
+        assert_eq!(
+            metric_sum(&m, "discovery_lookup_waits_total", &["result=\"timeout\""]),
+            1,
+            "{m}"
+        );
     }
 
     // Node-b's proxy restarted within the outage: SIGTERM, then a new process.

@@ -18,7 +18,7 @@ pub use state::{
 };
 pub use subscriptions::{
     sweep, SubscriptionMetrics, Subscriptions, Target, WaitError, DEFAULT_IDLE_TIMEOUT,
-    DEFAULT_LOOKUP_TIMEOUT,
+    DEFAULT_LOOKUP_TIMEOUT, MAX_SUBSCRIPTIONS,
 };
 
 impl crate::stream::Chunked for ambit_api::proto::discovery::Update {

@@ -28,6 +28,9 @@ pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
 /// How long the first connection to a destination discovery does not know waits for the
 /// control plane's answer (a round trip on a healthy control plane: milliseconds).
 pub const DEFAULT_LOOKUP_TIMEOUT: Duration = Duration::from_secs(3);
+/// At most this many destinations subscribed at once (the control plane's bound per
+/// stream too): a pod that walks addresses must not grow the proxy without bound.
+pub const MAX_SUBSCRIPTIONS: usize = 16_384;
 
 /// A destination, as subscribed.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -60,19 +63,24 @@ impl Target {
 /// Why a wait for discovery's answer ended without one.
 #[derive(Debug, thiserror::Error)]
 pub enum WaitError {
-    /// No answer in time.
-    #[error("discovery did not say what {target} is within {}ms{}", .waited.as_millis(), if *.connected { "" } else { " (the control plane is unreachable)" })]
+    /// No answer in time (or none to a wait that ended `waited` ago, `again`).
+    #[error("discovery did not say what {target} is {}{}", if *.again { format!("(no answer to a lookup {}ms ago)", .waited.as_millis()) } else { format!("within {}ms", .waited.as_millis()) }, if *.connected { "" } else { " (the control plane is unreachable)" })]
     Timeout {
         /// The destination.
         target: Target,
-        /// How long it waited.
+        /// How long it waited, or how long ago the unanswered wait ended.
         waited: Duration,
         /// Whether the discovery stream was up.
         connected: bool,
+        /// Failed at once: a wait for it ended unanswered within a lookup timeout.
+        again: bool,
     },
     /// The proxy is shutting down.
     #[error("the proxy is shutting down")]
     Closed,
+    /// The node's pods use too many destinations at once.
+    #[error("this node's pods already use {MAX_SUBSCRIPTIONS} destinations discovery is asked about; {0} is refused until some go unused (--discovery-idle-timeout)")]
+    TooMany(Target),
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -131,7 +139,7 @@ impl SubscriptionMetrics {
         );
         registry.register(
             "discovery_lookup_waits",
-            "Connections and requests that waited for discovery to answer for a new destination, by result (resolved, timeout)",
+            "Connections and requests that waited for discovery to answer for a new destination, by result (resolved, timeout, recently_unanswered: failed at once after a timeout)",
             m.waits.clone(),
         );
         registry.register(
@@ -147,6 +155,10 @@ impl SubscriptionMetrics {
 struct Inner {
     /// Target → when it was last used, in milliseconds since `epoch`.
     targets: RwLock<HashMap<Target, AtomicU64>>,
+    /// Targets whose last wait ended without an answer, and when: a connection to one
+    /// within a lookup timeout of that fails at once instead of waiting again (the
+    /// requests of one connection, a client retrying in a loop during an outage).
+    unanswered: std::sync::Mutex<HashMap<Target, Instant>>,
     epoch: Instant,
     /// Bumped whenever the set changes.
     changed: watch::Sender<u64>,
@@ -171,6 +183,7 @@ impl Subscriptions {
         Self {
             inner: Arc::new(Inner {
                 targets: RwLock::default(),
+                unanswered: std::sync::Mutex::default(),
                 epoch: Instant::now(),
                 changed: watch::Sender::new(0),
                 metrics,
@@ -182,8 +195,9 @@ impl Subscriptions {
         self.inner.epoch.elapsed().as_millis() as u64
     }
 
-    /// Records a use of `target`, subscribing to it if it was not.
-    pub fn touch(&self, target: &Target) {
+    /// Records a use of `target`, subscribing to it if it was not; false when it is not
+    /// subscribed and [`MAX_SUBSCRIPTIONS`] are.
+    pub fn touch(&self, target: &Target) -> bool {
         let now = self.now();
         {
             let targets = self
@@ -193,7 +207,7 @@ impl Subscriptions {
                 .unwrap_or_else(PoisonError::into_inner);
             if let Some(t) = targets.get(target) {
                 t.store(now, Ordering::Relaxed);
-                return;
+                return true;
             }
         }
         let added = {
@@ -202,6 +216,9 @@ impl Subscriptions {
                 .targets
                 .write()
                 .unwrap_or_else(PoisonError::into_inner);
+            if targets.len() >= MAX_SUBSCRIPTIONS && !targets.contains_key(target) {
+                return false;
+            }
             let added = targets
                 .insert(target.clone(), AtomicU64::new(now))
                 .is_none();
@@ -212,13 +229,14 @@ impl Subscriptions {
             self.inner.metrics.subscribed.inc();
             self.inner.changed.send_modify(|g| *g += 1);
         }
+        true
     }
 
     /// Subscribes to what the proxy held before a restart (the state kept on disk), as
     /// used now.
     pub fn restore(&self, targets: impl IntoIterator<Item = Target>) {
         for t in targets {
-            self.touch(&t);
+            let _ = self.touch(&t);
         }
     }
 
@@ -258,6 +276,13 @@ impl Subscriptions {
             self.inner.metrics.subscriptions.set(targets.len() as i64);
             gone
         };
+        // Unanswered lookups are remembered for a lookup timeout: a minute is plenty.
+        let now = Instant::now();
+        self.inner
+            .unanswered
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|_, at| now.duration_since(*at) < Duration::from_secs(60));
         if !gone.is_empty() {
             self.inner.metrics.expired.inc_by(gone.len() as u64);
             self.inner.changed.send_modify(|g| *g += 1);
@@ -278,18 +303,46 @@ impl Subscriptions {
         timeout: Duration,
         lookup: impl Fn(&DiscoveryState) -> Lookup<T>,
     ) -> Result<T, WaitError> {
-        self.touch(target);
+        let subscribed = self.touch(target);
         if let Lookup::Known(t) = lookup(&state.borrow()) {
             return Ok(t);
         }
+        if !subscribed {
+            return Err(WaitError::TooMany(target.clone()));
+        }
         let started = Instant::now();
+        let m = &self.inner.metrics;
+        let failed_at = self
+            .inner
+            .unanswered
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(target)
+            .copied();
+        if let Some(at) = failed_at.filter(|at| started.duration_since(*at) < timeout) {
+            m.waits
+                .get_or_create(&WaitLabels {
+                    result: "recently_unanswered",
+                })
+                .inc();
+            return Err(WaitError::Timeout {
+                target: target.clone(),
+                waited: started.duration_since(at),
+                connected: m.connected.get() == 1,
+                again: true,
+            });
+        }
         let mut state = state.clone();
         let deadline = started + timeout;
-        let m = &self.inner.metrics;
         loop {
             match tokio::time::timeout_at(deadline, state.changed()).await {
                 Ok(Ok(())) => {
                     if let Lookup::Known(t) = lookup(&state.borrow_and_update()) {
+                        self.inner
+                            .unanswered
+                            .lock()
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .remove(target);
                         m.wait_seconds.observe(started.elapsed().as_secs_f64());
                         m.waits
                             .get_or_create(&WaitLabels { result: "resolved" })
@@ -303,10 +356,16 @@ impl Subscriptions {
                     m.waits
                         .get_or_create(&WaitLabels { result: "timeout" })
                         .inc();
+                    self.inner
+                        .unanswered
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .insert(target.clone(), Instant::now());
                     return Err(WaitError::Timeout {
                         target: target.clone(),
                         waited: timeout,
                         connected: m.connected.get() == 1,
+                        again: false,
                     });
                 }
             }

@@ -35,8 +35,14 @@ pub(super) async fn proxy(
             "connection made to the outbound port itself".into(),
         ));
     }
-    let resolved = Resolved::now(dst, shared).await?;
-    let opaque = resolved.opaque();
+    // A destination discovery cannot describe (no answer in time) fails closed either
+    // way; detection still runs on ports not opaque by default, so that an HTTP client is
+    // answered 503 with the reason rather than a reset.
+    let resolved = Resolved::now(dst, shared).await;
+    let opaque = match &resolved {
+        Ok(r) => r.opaque(),
+        Err(_) => super::resolve::default_opaque_ports().contains(dst.port()),
+    };
     let (protocol, mut client) = if opaque {
         (
             Protocol::Opaque,
@@ -53,7 +59,7 @@ pub(super) async fn proxy(
     }
     // Detection may have waited (a server-speaks-first protocol): resolve again.
     let resolved = if opaque {
-        resolved
+        resolved?
     } else {
         Resolved::now(dst, shared).await?
     };

@@ -43,7 +43,7 @@ impl Destinations {
                 WaitError::Timeout { .. } => ProxyError::Unavailable(format!(
                     "{e}; refusing rather than connecting around the mesh (--discovery-lookup-timeout)"
                 )),
-                WaitError::Closed => ProxyError::Unavailable(e.to_string()),
+                WaitError::Closed | WaitError::TooMany(_) => ProxyError::Unavailable(e.to_string()),
             })
     }
 }
@@ -263,7 +263,8 @@ pub(super) fn settle_response<B>(
     }
 }
 
-fn default_opaque_ports() -> &'static PortSet {
+/// Linkerd's default opaque ports.
+pub(super) fn default_opaque_ports() -> &'static PortSet {
     static PORTS: OnceLock<PortSet> = OnceLock::new();
     PORTS.get_or_init(|| DEFAULT_OPAQUE_PORTS.parse().unwrap_or_default())
 }

@@ -61,7 +61,8 @@ async fn a_wait_ends_when_discovery_answers_or_after_its_bound() {
         [target.clone()],
         "subscribed"
     );
-    // The answer arrives while a connection waits.
+    // The answer arrives while a connection waits (past the unanswered one's timeout).
+    tokio::time::advance(Duration::from_secs(3)).await;
     let waiting = {
         let subs = subs.clone();
         let rx = rx.clone();
@@ -89,4 +90,53 @@ async fn a_wait_ends_when_discovery_answers_or_after_its_bound() {
         .await
         .unwrap();
     assert_eq!(started.elapsed(), Duration::ZERO);
+}
+
+#[tokio::test(start_paused = true)]
+async fn after_an_unanswered_wait_the_same_destination_fails_at_once_for_a_while() {
+    let subs = Subscriptions::default();
+    let (_tx, rx) = watch::channel(Arc::new(DiscoveryState::default()));
+    let target = ip("192.0.2.9");
+    let addr = "192.0.2.9:80".parse().unwrap();
+    let timeout = Duration::from_secs(3);
+    assert!(subs
+        .wait(&rx, &target, timeout, |s| s.lookup(addr))
+        .await
+        .is_err());
+    // Within the timeout of that: no second wait (a connection's later requests, a
+    // client retrying in a loop).
+    let started = Instant::now();
+    let err = subs
+        .wait(&rx, &target, timeout, |s| s.lookup(addr))
+        .await
+        .unwrap_err();
+    assert_eq!(started.elapsed(), Duration::ZERO);
+    assert!(err.to_string().contains("no answer to a lookup"), "{err}");
+    // Later, it is waited for again.
+    tokio::time::advance(timeout).await;
+    let started = Instant::now();
+    assert!(subs
+        .wait(&rx, &target, timeout, |s| s.lookup(addr))
+        .await
+        .is_err());
+    assert_eq!(started.elapsed(), timeout);
+}
+
+#[tokio::test(start_paused = true)]
+async fn no_more_than_the_bound_is_subscribed() {
+    let subs = Subscriptions::default();
+    for i in 0..MAX_SUBSCRIPTIONS {
+        assert!(subs.touch(&Target::Addr(std::net::Ipv4Addr::from(i as u32).into())));
+    }
+    let (_tx, rx) = watch::channel(Arc::new(DiscoveryState::default()));
+    let one_more = ip("203.0.113.1");
+    let addr = "203.0.113.1:80".parse().unwrap();
+    let err = subs
+        .wait(&rx, &one_more, Duration::from_secs(3), |s| s.lookup(addr))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, WaitError::TooMany(_)), "{err}");
+    assert_eq!(subs.current().len(), MAX_SUBSCRIPTIONS);
+    // A subscribed one is still used.
+    assert!(subs.touch(&Target::Addr(std::net::Ipv4Addr::from(7u32).into())));
 }
