@@ -308,10 +308,11 @@ async fn time_change(
     c: usize,
 ) -> anyhow::Result<(Vec<Duration>, usize)> {
     let (obj, expected): (KubeObject, BTreeSet<usize>) = if c % 2 == 0 {
-        // An endpoint of a Service some node calls turns not ready (then ready again at
-        // the next such change).
-        let s = subscriptions[(c / 2 * 7) % args.streams][0];
-        let unready = (c / 2 % 2 == 0).then_some(s * 10 + (c / 2) % 10);
+        // An endpoint of a Service some node calls turns not ready, and at the next such
+        // change ready again.
+        let k = c / 2;
+        let s = subscriptions[(k / 2 * 7) % args.streams][0];
+        let unready = (k % 2 == 0).then_some(s * 10 + (k / 2) % 10);
         let expected = (0..args.streams)
             .filter(|n| subscriptions[*n].contains(&s))
             .collect();
@@ -335,7 +336,14 @@ async fn time_change(
     while seen.len() < expected.len() {
         let (i, at) = tokio::time::timeout_at(deadline, arrivals.recv())
             .await
-            .context("a subscribed stream did not receive the change within 60 s")?
+            .with_context(|| {
+                let missing: Vec<_> = expected.difference(&seen).collect();
+                format!(
+                    "change {c}: {} of {} subscribed streams did not receive it within 60 s ({missing:?}; {strays} strays)",
+                    missing.len(),
+                    expected.len()
+                )
+            })?
             .context("streams ended")?;
         if expected.contains(&i) {
             if seen.insert(i) {
