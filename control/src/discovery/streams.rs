@@ -408,12 +408,9 @@ impl Streams {
     }
 }
 
-fn remove_from<K: std::hash::Hash + Eq + Clone, Q>(
-    map: &mut HashMap<K, HashSet<StreamId>>,
-    key: &Q,
-    id: StreamId,
-) where
-    K: std::borrow::Borrow<Q>,
+fn remove_from<K, Q>(map: &mut HashMap<K, HashSet<StreamId>>, key: &Q, id: StreamId)
+where
+    K: std::hash::Hash + Eq + Clone + std::borrow::Borrow<Q>,
     Q: std::hash::Hash + Eq + ?Sized,
 {
     if let Some(set) = map.get_mut(key) {
