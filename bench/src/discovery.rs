@@ -209,13 +209,13 @@ async fn open_streams(
     let (arrivals, rx) = mpsc::unbounded_channel();
     let (ready_tx, mut ready_rx) = mpsc::channel::<anyhow::Result<(usize, Snapshot)>>(n);
     let opening = Arc::new(tokio::sync::Semaphore::new(64));
-    for i in 0..n {
+    for (i, services) in subscriptions.iter().enumerate().take(n) {
         let mut client = PbClient::new(cp.channel(&format!("https://{addr}")))
             .max_decoding_message_size(DECODE_LIMIT);
         let arrivals = arrivals.clone();
         let ready = ready_tx.clone();
         let opening = opening.clone();
-        let subscribe: Vec<String> = subscriptions[i].iter().map(|s| service_ip(*s)).collect();
+        let subscribe: Vec<String> = services.iter().map(|s| service_ip(*s)).collect();
         tokio::spawn(async move {
             let (requests, rx) = mpsc::channel(1);
             let open = async {
@@ -307,12 +307,12 @@ async fn time_change(
     arrivals: &mut mpsc::UnboundedReceiver<Arrival>,
     c: usize,
 ) -> anyhow::Result<(Vec<Duration>, usize)> {
-    let (obj, expected): (KubeObject, BTreeSet<usize>) = if c % 2 == 0 {
+    let (obj, expected): (KubeObject, BTreeSet<usize>) = if c.is_multiple_of(2) {
         // An endpoint of a Service some node calls turns not ready, and at the next such
         // change ready again.
         let k = c / 2;
         let s = subscriptions[(k / 2 * 7) % args.streams][0];
-        let unready = (k % 2 == 0).then_some(s * 10 + (k / 2) % 10);
+        let unready = k.is_multiple_of(2).then_some(s * 10 + (k / 2) % 10);
         let expected = (0..args.streams)
             .filter(|n| subscriptions[*n].contains(&s))
             .collect();
@@ -491,14 +491,8 @@ async fn control_memory(
 async fn proxy_memory(cp: &ControlPlane, bin: &Path, args: &Args) -> anyhow::Result<()> {
     let admin = ambit_e2e::binary::free_port();
     let anchors = cp.dir.path().join("root.crt");
-    let child = ambit_e2e::binary::spawn_binary(
-        bin,
-        cp,
-        &node(0),
-        admin,
-        &anchors,
-        &["--redirect", "none", "--proc-root", ""],
-    );
+    let child =
+        ambit_e2e::binary::spawn_binary(bin, cp, &node(0), admin, &anchors, &["--proc-root", ""]);
     let child = ambit_e2e::binary::Killed(child);
     let addr: SocketAddr = format!("127.0.0.1:{admin}").parse()?;
     let started = Instant::now();

@@ -8,12 +8,15 @@
 //!   `down`, `ambit stat`, `ambit edges` and `ambit check` read.
 //! - `app`: the sample application's programs (`ambit demo app ...`).
 //! - `show`: what `up` prints, and `ambit demo`'s refreshing `ambit stat`.
+//! - `term`: the signals that end a foreground demo, and writes to a terminal that may be
+//!   gone.
 
 pub mod app;
 mod cluster;
 mod down;
 mod show;
 pub mod state;
+mod term;
 mod up;
 
 use anyhow::{bail, Context};
@@ -21,8 +24,8 @@ use anyhow::{bail, Context};
 /// `ambit demo` flags.
 #[derive(Debug, clap::Args)]
 #[command(after_help = "\
-Without a subcommand: `up`, then `ambit stat deploy -n demo` every few seconds until Ctrl-C,
-then `down`. Needs root (network namespaces, cgroups, eBPF); nothing it sends leaves its
+Without a subcommand: `up`, then `ambit stat deploy -n demo` every few seconds until Ctrl-C
+(or SIGTERM, or SIGHUP from a closed terminal — also during `up`), then `down`. Needs root (network namespaces, cgroups, eBPF); nothing it sends leaves its
 namespaces, and its eBPF programs attach only to cgroups it made.")]
 pub struct DemoArgs {
     #[command(subcommand)]
@@ -68,13 +71,40 @@ pub fn run(args: DemoArgs) -> anyhow::Result<i32> {
         }
         Some(DemoCommand::Exec { pod, command }) => exec(&pod, &command),
         Some(DemoCommand::App(cmd)) => app::run(cmd).map(|()| 0),
-        None => {
-            let s = up::up(&args.up)?;
-            show::summary(&s);
-            let watched = show::watch(&s);
-            let removed = down::down()?;
-            println!("{}", show::removed(&removed));
-            watched.map(|()| 0)
+        None => foreground(&args.up),
+    }
+}
+
+/// `ambit demo`: up, the refreshing stat until a signal, down — and down also when the
+/// signal came during `up`, or the terminal is gone (nothing it writes can fail).
+fn foreground(args: &up::UpArgs) -> anyhow::Result<i32> {
+    let _signals = term::catch_signals()?;
+    let watched = up::up(args).and_then(|s| {
+        show::summary(&s);
+        show::watch(&s)
+    });
+    if let Err(e) = &watched {
+        if term::received().is_none() {
+            // `up` failed on its own: leave what it made (its logs say why), as `up` does.
+            term::err(
+                "the demo's logs are in /run/ambit-demo/logs; `ambit demo down` removes it\n",
+            );
+            return Err(anyhow::anyhow!("{e:#}"));
+        }
+    }
+    let sig = term::received().unwrap_or("a signal");
+    term::err(&format!(
+        "\n{sig}: ending the demo, removing what it made\n"
+    ));
+    let removed = down::down()?;
+    term::err(&format!("{}\n", show::removed(&removed)));
+    match watched {
+        Ok(()) => Ok(0),
+        // Interrupted during `up`: everything is removed, and the exit status says it
+        // did not run (128 + the signal, as a shell reports it).
+        Err(e) => {
+            term::err(&format!("{e:#}\n"));
+            Ok(term::exit_status())
         }
     }
 }

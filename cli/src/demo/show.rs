@@ -4,13 +4,14 @@
 use super::cluster::{CATALOG_FAIL_PERCENT, LOAD_RPS, NAMESPACE, SERVICES};
 use super::down::Removed;
 use super::state::State;
+use super::term;
 use crate::stat::{self, render::Format, ProxyArgs, StatArgs};
 use std::fmt::Write;
 use std::time::Duration;
 
 /// Prints what runs where and what to try.
 pub fn summary(s: &State) {
-    print!("{}", summary_text(s));
+    term::out(&summary_text(s));
 }
 
 fn summary_text(s: &State) -> String {
@@ -109,7 +110,7 @@ pub fn removed(r: &Removed) -> String {
     )
 }
 
-/// `ambit stat deploy -n demo` every few seconds, until Ctrl-C.
+/// `ambit stat deploy -n demo` every few seconds, until Ctrl-C (or SIGTERM / SIGHUP).
 pub fn watch(s: &State) -> anyhow::Result<()> {
     let args = StatArgs {
         resource: "deploy".into(),
@@ -129,24 +130,24 @@ pub fn watch(s: &State) -> anyhow::Result<()> {
     let source = stat::scrape::Flags(&args.proxies.proxy_admin);
     let rt = stat::runtime()?;
     rt.block_on(async {
-        println!("\nambit stat deploy -n {NAMESPACE}, every 5 s (Ctrl-C ends the demo):");
+        term::out(&format!(
+            "\nambit stat deploy -n {NAMESPACE}, every 5 s (Ctrl-C ends the demo):\n"
+        ));
         loop {
             let mut warn = Vec::new();
             tokio::select! {
                 r = stat::execute(&args, &source, &mut warn) => {
                     // Clear the screen, then the table (and why a proxy was skipped).
-                    print!("\x1b[2J\x1b[H");
-                    match r {
-                        Ok(table) => print!("{table}"),
-                        Err(e) => println!("{e:#}"),
-                    }
-                    print!("{}", String::from_utf8_lossy(&warn));
-                    println!("\n(Ctrl-C ends the demo and removes it)");
+                    let table = match r {
+                        Ok(table) => table,
+                        Err(e) => format!("{e:#}\n"),
+                    };
+                    term::out(&format!(
+                        "\x1b[2J\x1b[H{table}{}\n(Ctrl-C ends the demo and removes it)\n",
+                        String::from_utf8_lossy(&warn)
+                    ));
                 }
-                _ = tokio::signal::ctrl_c() => {
-                    println!("\nending the demo");
-                    return Ok(());
-                }
+                _ = term::ended() => return Ok(()),
             }
         }
     })

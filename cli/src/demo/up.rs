@@ -11,6 +11,7 @@
 
 use super::cluster::{self, PodPlan, NAMESPACE, NODES};
 use super::state::{self, Control, Node, Pod, Process, State, CGROUP, DIR, PREFIX};
+use super::term;
 use crate::check::live::http_get;
 use anyhow::{bail, Context};
 use std::os::unix::process::CommandExt;
@@ -44,7 +45,7 @@ pub fn up(args: &UpArgs) -> anyhow::Result<State> {
     let bins = Binaries::find(args.bin_dir.as_deref())?;
     let stale = super::down::down().context("removing a stale demo")?;
     if stale.anything() {
-        eprintln!("removed a stale demo first");
+        term::err("removed a stale demo first\n");
     }
     let dir = PathBuf::from(DIR);
     for sub in ["pki", "cluster", "logs"] {
@@ -57,11 +58,11 @@ pub fn up(args: &UpArgs) -> anyhow::Result<State> {
     };
     s.save()?;
 
-    step("the PKI and the nodes' tokens");
+    step("the PKI and the nodes' tokens")?;
     crate::pki::init_quiet(&dir.join("pki"))?;
     let tokens = node_tokens(&dir)?;
 
-    step("pods as network namespaces, nodes as cgroups");
+    step("pods as network namespaces, nodes as cgroups")?;
     let plans = cluster::pods();
     let names: Vec<&str> = plans.iter().map(|p| p.short).collect();
     let topology = ambit_topology::Topology::create(PREFIX, cluster::ADDRESSING, &names)
@@ -89,7 +90,7 @@ pub fn up(args: &UpArgs) -> anyhow::Result<State> {
     std::fs::write(cluster_dir.join("demo.yaml"), cluster::yaml(&plans, &pods))?;
     s.save()?;
 
-    step("the control plane (local backend)");
+    step("the control plane (local backend)")?;
     let (identity, discovery, admin) = CONTROL_PORTS;
     let pki = dir.join("pki");
     s.control = Control {
@@ -126,7 +127,7 @@ pub fn up(args: &UpArgs) -> anyhow::Result<State> {
         &s,
     )?;
 
-    step("two node proxies");
+    step("two node proxies")?;
     for node in s.nodes.clone() {
         let run_dir = dir.join(format!("run-{}", node.name));
         let admin = node.admin_url.trim_start_matches("http://").to_string();
@@ -169,7 +170,7 @@ pub fn up(args: &UpArgs) -> anyhow::Result<State> {
         .unwrap_or_else(|_| args.redirect.clone());
     s.save()?;
 
-    step("the sample application");
+    step("the sample application")?;
     for (plan, pod) in plans.iter().zip(&pods) {
         let node = s
             .nodes
@@ -184,8 +185,12 @@ pub fn up(args: &UpArgs) -> anyhow::Result<State> {
     Ok(s)
 }
 
-fn step(what: &str) {
-    eprintln!("  {what}");
+/// Says which step runs; fails when a signal asked the demo to end (a foreground `ambit
+/// demo` removes what was made).
+fn step(what: &str) -> anyhow::Result<()> {
+    term::check()?;
+    term::err(&format!("  {what}\n"));
+    Ok(())
 }
 
 fn path(p: &Path) -> String {
@@ -297,6 +302,7 @@ fn wait_ready(url: &str, what: &str, s: &State) -> anyhow::Result<()> {
     let deadline = Instant::now() + STEP_TIMEOUT;
     let mut last = String::new();
     while Instant::now() < deadline {
+        term::check()?;
         if let Some(p) = s.processes.iter().rev().find(|p| p.name == what) {
             if state::start_time(p.pid) != Some(p.start_time) {
                 bail!("{what} exited; its log: {log}\n{}", tail(&p.log));
@@ -332,6 +338,7 @@ fn wait_for_traffic(s: &State) -> anyhow::Result<()> {
     let deadline = Instant::now() + STEP_TIMEOUT;
     let mut missing = Vec::new();
     while Instant::now() < deadline {
+        term::check()?;
         let (proxies, _) = rt.block_on(crate::stat::scrape::scrape_all(
             &urls,
             Duration::from_secs(5),

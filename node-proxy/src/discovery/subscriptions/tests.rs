@@ -58,7 +58,7 @@ async fn a_wait_ends_when_discovery_answers_or_after_its_bound() {
     );
     assert_eq!(
         subs.current().into_iter().collect::<Vec<_>>(),
-        [target.clone()],
+        std::slice::from_ref(&target),
         "subscribed"
     );
     // The answer arrives while a connection waits (past the unanswered one's timeout).
