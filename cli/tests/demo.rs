@@ -5,8 +5,11 @@
 //! scrapes both node proxies as the chart's scrape annotations say and its PromQL agrees
 //! with `ambit stat`; `ambit demo down` leaves nothing behind.
 //!
-//! The demo's names and ports are fixed (one demo per machine), so this is the one test
-//! that starts it. Needs root, and ambit-control and ambit-proxy built beside `ambit`
+//! And the foreground `ambit demo` as `./scripts/demo.sh | tee demo.log` runs it: Ctrl-C
+//! (SIGINT) with the pipe's reader gone removes everything (issue 24).
+//!
+//! The demo's names and ports are fixed (one demo per machine), so the tests that start it
+//! take turns ([`ONE_DEMO`]). Needs root, and ambit-control and ambit-proxy built beside `ambit`
 //! (scripts/test.sh builds them).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure
@@ -34,6 +37,13 @@ fn text(out: &Output) -> String {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     )
+}
+
+/// One demo at a time: the tests of this file run in parallel threads.
+static ONE_DEMO: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_demo() -> std::sync::MutexGuard<'static, ()> {
+    ONE_DEMO.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Takes the demo down when the test ends, also when it fails.
@@ -89,6 +99,7 @@ fn demo_up_stat_check_prometheus_down() {
             "{bin} must be built beside ambit: cargo build -p ambit-control -p ambit-proxy"
         );
     }
+    let _one = one_demo();
     let _down = Down;
     let out = run(&["demo", "up", "--bin-dir", bin_dir.to_str().unwrap()]);
     assert!(out.status.success(), "{}", text(&out));
@@ -211,6 +222,74 @@ fn demo_up_stat_check_prometheus_down() {
     let out = run(&["demo", "down"]);
     assert!(out.status.success(), "{}", text(&out));
     assert!(String::from_utf8_lossy(&out.stdout).contains("no demo to remove"));
+}
+
+/// `ambit demo` in the foreground, its stdout on a pipe: once it runs, the pipe's reader
+/// goes (as `tee` does on the same Ctrl-C), the demo's next refresh writes into the broken
+/// pipe, then SIGINT: the demo still removes everything, says so on stderr and exits 0.
+#[test]
+fn foreground_demo_ends_on_sigint_with_its_stdout_gone() {
+    use std::io::{BufRead, Read};
+    use std::process::Stdio;
+    let bin_dir = ambit().parent().unwrap().to_path_buf();
+    let _one = one_demo();
+    let _down = Down;
+    let mut demo = Command::new(ambit())
+        .args(["demo", "--bin-dir", bin_dir.to_str().unwrap()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = demo.stderr.take().unwrap();
+    let said = std::thread::spawn(move || {
+        let mut t = String::new();
+        let _ = stderr.read_to_string(&mut t);
+        t
+    });
+    // The reader: until the demo says it runs, then it goes (its end of the pipe closes).
+    let stdout = demo.stdout.take().unwrap();
+    let (runs_tx, runs) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut lines = std::io::BufReader::new(stdout).lines();
+        let runs = lines.any(|l| l.is_ok_and(|l| l.contains("The Ambit demo runs")));
+        let _ = runs_tx.send(runs);
+    });
+    let up = runs.recv_timeout(Duration::from_secs(180));
+    assert_eq!(up, Ok(true), "the demo did not start: {}", {
+        let _ = demo.kill();
+        said.join().unwrap()
+    });
+    let pids = demo_pids();
+    assert_eq!(pids.len(), 8, "the demo's processes: {pids:?}");
+    // Two refreshes (every 5 s) into the broken pipe: `print!` would have panicked here.
+    std::thread::sleep(Duration::from_secs(11));
+    assert!(
+        demo.try_wait().unwrap().is_none(),
+        "the demo ended on its own: {}",
+        said.join().unwrap()
+    );
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(demo.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = demo.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = demo.kill();
+            panic!("the demo did not end within 60 s of SIGINT");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let said = said.join().unwrap();
+    assert!(status.success(), "{status:?}: {said}");
+    assert!(said.contains("SIGINT: ending the demo"), "{said}");
+    assert!(said.contains("removed the demo: 8 processes"), "{said}");
+    assert_nothing_left(&pids);
 }
 
 /// None of these processes (pid and start time) runs any more.
