@@ -1,15 +1,18 @@
 # Shared by the benchmark scripts (sourced). Each caller sets WORK (a scratch directory)
 # and PIDS (an array of the pids it must end), and runs as root.
 
-# Checks the tools the benchmarks run and builds the release binaries; sets OHA and BIN.
+# Checks the tools the benchmarks run (all of them, so that one install fixes every one
+# missing) and builds the release binaries; sets OHA and BIN.
 prepare() {
     OHA=${OHA:-$(command -v oha || echo "$HOME/.cargo/bin/oha")}
-    need() { command -v "$1" >/dev/null || [ -x "$1" ] || { echo "missing $1: $2" >&2; exit 1; }; }
-    need nginx "apt-get install nginx-light"
-    need iperf3 "apt-get install iperf3"
-    need nft "apt-get install nftables"
-    need socat "apt-get install socat"
-    need "$OHA" "cargo install oha --locked"
+    local missing=() tool
+    for tool in nginx iperf3 nft socat ip perf python3 "$OHA"; do
+        command -v "$tool" >/dev/null || [ -x "$tool" ] || missing+=("${tool##*/}")
+    done
+    if ((${#missing[@]})); then
+        echo "the benchmarks need ${missing[*]}: install them with ./scripts/install-deps.sh --bench" >&2
+        exit 1
+    fi
     cargo build --release -q -p ambit-control -p ambit-proxy -p ambit-cli
     cargo build --release -q -p ambit-bench --bin ambit-topology
     BIN=$PWD/target/release

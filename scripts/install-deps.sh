@@ -8,17 +8,33 @@
 #                                       real CNI plugins, python3 with venv, Prometheus,
 #                                       rustfmt and clippy, cargo-fuzz, qemu (the
 #                                       kernel TLS guest)
+#   ./scripts/install-deps.sh --bench   and what the benchmarks (bench/*/run.sh) run:
+#                                       nginx-light, iperf3, socat, perf, python3, the
+#                                       real CNI plugins, openssl, bc, and
+#                                       oha from crates.io at the version pinned below
+#                                       (OHA_VERSION; its build takes a few minutes)
 #
-# Needs root for the package installs (CI and the developer machines run as root).
+# --tests and --bench go together. Needs root for the package installs (CI and the developer machines run as root).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 log() { printf '\n==> %s\n' "$*"; }
 
+tests= bench=
+for arg in "$@"; do
+    case $arg in
+        --tests) tests=1 ;;
+        --bench) bench=1 ;;
+        *) echo "install-deps.sh: unknown option $arg (use --tests, --bench or none)" >&2; exit 2 ;;
+    esac
+done
+# The HTTP load generator of the benchmarks, pinned so that runs compare.
+OHA_VERSION=${OHA_VERSION:-1.16.0}
+
 # protobuf-compiler: tonic/prost code generation; iproute2, nftables: pods as network
 # namespaces and the redirection fallback; curl: a real HTTP client in a pod.
 packages=(protobuf-compiler iproute2 nftables curl)
-if [ "${1:-}" = --tests ]; then
+if [ -n "$tests" ]; then
     # openssl: chain checks; containernetworking-plugins: the real CNI plugins (bridge,
     # host-local, loopback) ambit-cni is chained with; python3: test clients and the Helm
     # chart checks; prometheus: scrapes the demo's node proxies in cli/tests/demo.rs;
@@ -26,6 +42,13 @@ if [ "${1:-}" = --tests ]; then
     # TLS tests run in (scripts/vm/run.sh, which fetches the kernel itself).
     packages+=(openssl containernetworking-plugins python3 python3-venv prometheus
         qemu-system-x86 busybox-static kmod)
+fi
+if [ -n "$bench" ]; then
+    # nginx-light: the upstream every benchmark serves; iperf3: bulk throughput; socat: the
+    # two plain relays bench/mesh compares with; linux-perf: its system-call counts and
+    # profiles; python3: the summaries.
+    # containernetworking-plugins: the soak's pods; openssl, bc: bench/pods.
+    packages+=(nginx-light iperf3 socat linux-perf python3 containernetworking-plugins openssl bc)
 fi
 missing=()
 for p in "${packages[@]}"; do
@@ -42,7 +65,7 @@ fi
 log "eBPF toolchain"
 ./scripts/install-bpf-toolchain.sh
 
-if [ "${1:-}" = --tests ]; then
+if [ -n "$tests" ]; then
     for c in rustfmt clippy; do
         rustup component list --installed 2>/dev/null | grep -q "^$c" || rustup component add "$c"
         rustup component list --toolchain nightly --installed 2>/dev/null | grep -q "^$c" \
@@ -52,6 +75,14 @@ if [ "${1:-}" = --tests ]; then
     if ! cargo +nightly fuzz --version >/dev/null 2>&1; then
         log "installing cargo-fuzz ${CARGO_FUZZ_VERSION:-0.13.2}"
         cargo install cargo-fuzz --locked --version "${CARGO_FUZZ_VERSION:-0.13.2}"
+    fi
+fi
+
+if [ -n "$bench" ]; then
+    oha=$(command -v oha || echo "$HOME/.cargo/bin/oha")
+    if [ "$("$oha" --version 2>/dev/null)" != "oha $OHA_VERSION" ]; then
+        log "installing oha $OHA_VERSION (a few minutes)"
+        cargo install oha --locked --version "$OHA_VERSION"
     fi
 fi
 

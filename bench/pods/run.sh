@@ -25,6 +25,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
+missing=()
+for tool in ip curl openssl bc python3; do command -v "$tool" >/dev/null || missing+=("$tool"); done
+if ((${#missing[@]})); then
+    echo "this benchmark needs ${missing[*]}: install them with ./scripts/install-deps.sh --bench" >&2
+    exit 1
+fi
 PODS=${PODS:-1000}
 SAS=${SAS:-100}
 NAMESPACES=${NAMESPACES:-10}

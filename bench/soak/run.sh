@@ -19,8 +19,8 @@ TARGET=${CARGO_TARGET_DIR:-$PWD/target}
 OUT=$PWD/bench/soak/results/$(date -u +%Y%m%dT%H%M%SZ)
 mkdir -p "$OUT/bin"
 
-command -v ip >/dev/null || { echo "missing ip: apt-get install iproute2" >&2; exit 1; }
-[ -x /usr/lib/cni/bridge ] || { echo "missing the CNI plugins: apt-get install containernetworking-plugins" >&2; exit 1; }
+command -v ip >/dev/null || { echo "missing ip: install it with ./scripts/install-deps.sh --bench" >&2; exit 1; }
+[ -x /usr/lib/cni/bridge ] || { echo "missing the CNI plugins: install them with ./scripts/install-deps.sh --bench" >&2; exit 1; }
 grep -q ' /sys/fs/bpf bpf ' /proc/mounts || mount -t bpf bpf /sys/fs/bpf
 
 # The node proxy and the CNI plugin in release, as shipped: their memory and CPU are what

@@ -13,6 +13,11 @@
 //! two choices, as Linkerd's), which sends a replica of two that is consistently slower —
 //! on the far node, or delayed — almost nothing, and the failures it injects would go
 //! unseen. `ambit demo app catalog --delay` makes a replica slower, to watch that happen.
+//! With two replicas of equal latency, two choices are always both replicas, so the
+//! balancer sends nearly every call to the one with the lower EWMA until the other's decays
+//! below it: the split swings (measured: from 10/90 to 90/10 over 10 s windows), and with
+//! it `stat deploy`'s success rate for catalog, between 80 % and 100 %, while each
+//! replica's own rate (`stat pod`) stays 100 % and 80 %. The summary says so.
 
 use std::fmt::Write;
 use std::net::Ipv4Addr;

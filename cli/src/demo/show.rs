@@ -47,6 +47,14 @@ fn summary_text(s: &State) -> String {
             svc.name, svc.cluster_ip, svc.port, svc.protocol
         );
     }
+    // What a user watching `stat deploy` sees move (issue 24): not a wrong sum, the split.
+    let _ = write!(
+        t,
+        "\n\ndeploy/catalog's success rate moves between {} % and 100 %: the balancer (peak EWMA \
+         over two choices, as Linkerd's)\nsends most calls to whichever replica answered faster \
+         lately, switching every few seconds; `stat pod` shows each replica's own rate.",
+        100 - CATALOG_FAIL_PERCENT
+    );
     let _ = write!(
         t,
         "\n\nEdit the cluster while it runs (the control plane reloads it):\n  {}/demo.yaml\nLogs: {}/logs/\n\n",

@@ -650,3 +650,68 @@ async fn a_real_node_proxys_metrics_are_read() {
     proxy.stop().await;
     cp.stop().await;
 }
+
+/// The demo's catalog (issue 24): two replicas on one node, one failing 20 % of its calls.
+/// The deployment's success rate is the replicas' responses summed (PromQL's
+/// `sum(increase(response_total{classification="success"})) / sum(increase(response_total))`),
+/// so it moves with how the balancer splits the calls: 90 % for an even split, 82 % when the
+/// failing replica took 90 % of them — never the mean of the two rates.
+#[test]
+fn a_deployment_success_rate_weighs_its_pods_by_their_responses() {
+    let series = |pod: &str, ok: u32, failed: u32| {
+        let l = format!(
+            r#"direction="inbound",namespace="demo",pod="{pod}",workload="catalog",client_id="spiffe://cluster.local/ns/demo/sa/web",server_id="",dst_service="",tls="true""#
+        );
+        format!(
+            "request_total{{{l}}} {}
+response_total{{{l},status_code=\"200\",classification=\"success\",grpc_status=\"0\"}} {ok}
+response_total{{{l},status_code=\"200\",classification=\"failure\",grpc_status=\"13\"}} {failed}
+",
+            ok + failed
+        )
+    };
+    let snap = |a: (u32, u32), b: (u32, u32)| Snapshot {
+        proxies: [(
+            "http://node-b:4191".to_string(),
+            parse(&format!(
+                "{}{}# EOF\n",
+                series("catalog-a1b2c", a.0, a.1),
+                series("catalog-h5j6k", b.0, b.1)
+            ))
+            .unwrap(),
+        )]
+        .into(),
+    };
+    let before = snap((1000, 0), (800, 200));
+    for ((healthy, failing), want) in [
+        // An even split: 100 + 80 of 200.
+        ((100, (80, 20)), 0.9),
+        // The balancer sent the failing replica 90 %: 20 + 144 of 200.
+        ((20, (144, 36)), 164.0 / 200.0),
+        // Nearly all to the healthy one: 190 + 8 of 200.
+        ((190, (8, 2)), 198.0 / 200.0),
+    ] {
+        let after = snap(
+            (1000 + healthy, 0),
+            (800 + failing.0, 200 + failing.1),
+        );
+        let rows = compute(&before, &after, WINDOW, &sel(Resource::Deploy));
+        assert_eq!(rows.len(), 1, "{rows:#?}");
+        let catalog = &rows[0];
+        assert_eq!(
+            (catalog.name.as_str(), catalog.meshed_pods),
+            ("catalog", Some(2))
+        );
+        assert_eq!(catalog.requests, 200.0);
+        near(catalog.success_rate, want);
+        // Per pod: each replica's own rate, whatever the split.
+        let pods = compute(&before, &after, WINDOW, &sel(Resource::Pod));
+        let rate = |name: &str| {
+            pods.iter()
+                .find(|r| r.name == name)
+                .and_then(|r| r.success_rate)
+        };
+        assert_eq!(rate("catalog-a1b2c"), Some(1.0));
+        near(rate("catalog-h5j6k"), 0.8);
+    }
+}
