@@ -5,9 +5,11 @@
 #   docker build --target proxy   -t ghcr.io/ambit-mesh/ambit-proxy:0.1.0 .
 #   docker build --target cni     -t ghcr.io/ambit-mesh/ambit-cni:0.1.0 .
 #
-# Never built on the development machines (they have no container engine);
+# Never built on the development machines yet (issue 25: no container engine so far);
 # scripts/check-dockerfile.sh, run by scripts/test.sh, checks that every path copied
-# exists and every binary copied is one the workspace builds.
+# exists, that the build stage copies what cargo needs (every workspace member, every
+# path dependency and [patch] source, the files the manifest names), and that every
+# binary copied is one the workspace builds.
 
 FROM rust:1.95-bookworm AS build
 RUN apt-get update \
@@ -22,8 +24,11 @@ COPY node-proxy node-proxy
 COPY ebpf ebpf
 COPY init-cni init-cni
 COPY cli cli
+COPY topology topology
 COPY tests tests
 COPY bench bench
+# aya 0.13.1 with one change, patched in by the workspace's [patch.crates-io].
+COPY vendor vendor
 COPY scripts scripts
 # The eBPF programs: nightly rust-src and bpf-linker (ebpf/build.rs compiles them).
 RUN ./scripts/install-bpf-toolchain.sh

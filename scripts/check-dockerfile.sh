@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# The Dockerfile cannot be built here (no container engine). What can be checked is that
-# it refers to what exists: every path it COPYs from the build context is in the
-# repository, and every binary it COPYs out of target/release is a [[bin]] the workspace
-# builds (by name, in a package the build stage compiles).
+# The Dockerfile is not built here (no container engine yet). What can be checked is that
+# it refers to what exists and copies what the build needs: every path it COPYs from the
+# build context is in the repository; the build stage copies every workspace member, every
+# path dependency and every [patch] source the root Cargo.toml names (cargo reads them all
+# before it builds anything: a missing one fails `cargo build --locked`); and every binary
+# it COPYs out of target/release is a [[bin]] the workspace builds (by name, in a package
+# the build stage compiles).
 #
 #   ./scripts/check-dockerfile.sh
 set -euo pipefail
@@ -20,6 +23,24 @@ for manifest in root.glob("*/Cargo.toml"):
         bins.add((package, b["name"]))
 built = set(re.findall(r"-p (\S+)", " ".join(l for l in dockerfile.splitlines() if "cargo build" in l)))
 errors = []
+# What the build stage copies from the context (the lines before the first later FROM).
+stages = re.split(r"(?m)^FROM ", dockerfile)
+build_stage = stages[1] if len(stages) > 1 else ""
+copied = []
+for line in build_stage.splitlines():
+    words = line.split()
+    if words and words[0] == "COPY" and not any(w.startswith("--from=") for w in words):
+        args = [w for w in words[1:] if not w.startswith("--")]
+        copied += [pathlib.PurePosixPath(a) for a in args[:-1]]
+workspace = tomllib.loads((root / "Cargo.toml").read_text())
+needed = {pathlib.PurePosixPath(m) for m in workspace["workspace"]["members"]}
+for deps in [workspace["workspace"].get("dependencies", {})] + list(workspace.get("patch", {}).values()):
+    for name, dep in deps.items():
+        if isinstance(dep, dict) and "path" in dep:
+            needed.add(pathlib.PurePosixPath(dep["path"]))
+for path in sorted(needed):
+    if not any(path == c or c in path.parents for c in copied):
+        errors.append(f"Dockerfile: the build stage does not copy {path}/, which Cargo.toml needs (a workspace member, a path dependency or a [patch]): add `COPY {path} {path}`")
 for n, line in enumerate(dockerfile.splitlines(), 1):
     words = line.split()
     if not words or words[0] != "COPY":
