@@ -691,10 +691,7 @@ response_total{{{l},status_code=\"200\",classification=\"failure\",grpc_status=\
         // Nearly all to the healthy one: 190 + 8 of 200.
         ((190, (8, 2)), 198.0 / 200.0),
     ] {
-        let after = snap(
-            (1000 + healthy, 0),
-            (800 + failing.0, 200 + failing.1),
-        );
+        let after = snap((1000 + healthy, 0), (800 + failing.0, 200 + failing.1));
         let rows = compute(&before, &after, WINDOW, &sel(Resource::Deploy));
         assert_eq!(rows.len(), 1, "{rows:#?}");
         let catalog = &rows[0];
