@@ -25,8 +25,9 @@ use anyhow::{bail, Context};
 #[derive(Debug, clap::Args)]
 #[command(after_help = "\
 Without a subcommand: `up`, then `ambit stat deploy -n demo` every few seconds until Ctrl-C
-(or SIGTERM, or SIGHUP from a closed terminal — also during `up`), then `down`. Needs root (network namespaces, cgroups, eBPF); nothing it sends leaves its
-namespaces, and its eBPF programs attach only to cgroups it made.")]
+(or SIGTERM, or SIGHUP from a closed terminal — also during `up`), then `down`. Needs root
+(network namespaces, cgroups, eBPF); nothing it sends leaves its namespaces, and its eBPF
+programs attach only to cgroups it made.")]
 pub struct DemoArgs {
     #[command(subcommand)]
     pub command: Option<DemoCommand>,
@@ -83,16 +84,11 @@ fn foreground(args: &up::UpArgs) -> anyhow::Result<i32> {
         show::summary(&s);
         show::watch(&s)
     });
-    if let Err(e) = &watched {
-        if term::received().is_none() {
-            // `up` failed on its own: leave what it made (its logs say why), as `up` does.
-            term::err(
-                "the demo's logs are in /run/ambit-demo/logs; `ambit demo down` removes it\n",
-            );
-            return Err(anyhow::anyhow!("{e:#}"));
-        }
-    }
-    let sig = term::received().unwrap_or("a signal");
+    let Some(sig) = term::received() else {
+        // `up` failed on its own: leave what it made (its logs say why), as `up` does.
+        term::err("the demo's logs are in /run/ambit-demo/logs; `ambit demo down` removes it\n");
+        return watched.map(|()| 0);
+    };
     term::err(&format!(
         "\n{sig}: ending the demo, removing what it made\n"
     ));

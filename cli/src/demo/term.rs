@@ -78,11 +78,8 @@ pub fn check() -> anyhow::Result<()> {
 }
 
 /// Waits until a signal asks the demo to end.
-pub async fn ended() -> &'static str {
-    loop {
-        if let Some(sig) = received() {
-            return sig;
-        }
+pub async fn ended() {
+    while received().is_none() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
