@@ -38,5 +38,22 @@ cargo build --locked -q -p ambit-control -p ambit-proxy
     echo "$(binaries -p ambit-e2e --test adversarial) opaque_transport"
 } > "$list"
 cat "$list"
-AMBIT_KERNEL_TLS=on AMBIT_VM_TIMEOUT=${AMBIT_VM_TIMEOUT:-1500} RUST_BACKTRACE=0 \
-    scripts/vm/run.sh -- scripts/vm/tests.sh "$list"
+# The guest panics on a soft lockup (scripts/vm/run.sh: softlockup_panic=1) and prints the
+# stuck CPU's trace. A CI run once had both emulated CPUs stuck in the kernel at the start
+# of the hand-over suite for 25 minutes, which never happened here in many runs: a lockup
+# of the emulated kernel is not a test's verdict, so the set runs once more after one,
+# with the trace kept in the log. A test that fails fails at once.
+console=target/vm/console.log
+run() {
+    AMBIT_KERNEL_TLS=on AMBIT_VM_TIMEOUT=${AMBIT_VM_TIMEOUT:-1500} RUST_BACKTRACE=0 \
+        scripts/vm/run.sh -- scripts/vm/tests.sh "$list" 2>&1 | tee "$console"
+    return "${PIPESTATUS[0]}"
+}
+rc=0
+run || rc=$?
+if [ "$rc" != 0 ] && grep -q "BUG: soft lockup" "$console"; then
+    echo "ktls-tests: the guest's kernel locked up (trace above), not a test; once more" >&2
+    rc=0
+    run || rc=$?
+fi
+exit "$rc"

@@ -105,7 +105,7 @@ qemu=(qemu-system-x86_64 "${cpu[@]}" -smp "$cpus" -m "$mem"
     -nographic -no-reboot -nic none -serial mon:stdio -display none
     -nodefaults -bios /usr/share/qemu/qboot.rom
     -kernel "$cache/root/boot/vmlinuz-$kver" -initrd "$cache/initramfs.gz"
-    -append "console=ttyS0 quiet loglevel=3 panic=-1 mitigations=off tsc=reliable ambit_work=$PWD ambit_modules=$modules"
+    -append "console=ttyS0 quiet loglevel=5 softlockup_panic=1 panic=-1 mitigations=off tsc=reliable ambit_work=$PWD ambit_modules=$modules"
     -virtfs local,path=/,mount_tag=hostroot,security_model=passthrough,readonly=on,multidevs=remap
     -virtfs "local,path=$PWD,mount_tag=work,security_model=passthrough,multidevs=remap"
     -virtfs "local,path=$xfer,mount_tag=xfer,security_model=passthrough")
