@@ -18,6 +18,7 @@
 //! - [`tls`]: the control plane's own SVID and TLS on its gRPC ports.
 //! - [`admin`]: `/metrics`, `/ready`, `/live`; [`ready`]: what `/ready` waits for.
 //! - [`limits`]: connection limits, HTTP/2 limits and timeouts of every server.
+//! - [`blocking`]: loads and renderings of a large cluster, off the async workers.
 //!
 //! [`Control::build`] loads and checks everything; [`Control::serve`] takes
 //! already-bound listeners, so tests bind port 0.
@@ -25,6 +26,7 @@
 pub mod admin;
 pub mod auth;
 pub mod backend;
+pub mod blocking;
 pub mod config;
 pub mod discovery;
 pub mod identity;

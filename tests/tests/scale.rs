@@ -143,28 +143,37 @@ fn write_cluster(cp: &ControlPlane) -> usize {
     bytes
 }
 
-/// Opens `node`'s discovery stream subscribed to `subscribe`, as its proxy does; its
-/// snapshot (each message as decoded, with its encoded size) and the stream.
-async fn open_watch(
-    cp: &ControlPlane,
-    node: &str,
-    subscribe: &[&str],
-) -> (
+/// A stream's snapshot (each message as decoded, with its encoded size), the stream, and
+/// where its requests go.
+type Watch = (
     Vec<(usize, pb::Update)>,
     tonic::Streaming<pb::Update>,
     tokio::sync::mpsc::Sender<pb::WatchRequest>,
-) {
+);
+
+/// Opens `node`'s discovery stream subscribed to `subscribe`, as its proxy does, and
+/// reads its snapshot. An error is what the proxy would retry on (a watch answered after
+/// the channel's timeout while a reload renders, a stream ended).
+async fn open_watch(cp: &ControlPlane, node: &str, subscribe: &[&str]) -> Result<Watch, String> {
     let mut client = DiscoveryClient::new(cp.channel(&cp.discovery_url()))
         .max_decoding_message_size(DECODE_LIMIT);
     let (req, requests) = ambit_e2e::discovery::watch_request(node, Some(node), subscribe);
-    let mut stream = client.watch(req).await.unwrap().into_inner();
+    let mut stream = client
+        .watch(req)
+        .await
+        .map_err(|s| format!("watch: {s}"))?
+        .into_inner();
     let mut chunks = Vec::new();
     loop {
-        let u = stream.message().await.unwrap().expect("a snapshot");
+        let u = stream
+            .message()
+            .await
+            .map_err(|s| format!("snapshot: {s}"))?
+            .ok_or("the stream ended in its snapshot")?;
         let more = u.more;
         chunks.push((u.encoded_len(), u));
         if !more {
-            return (chunks, stream, requests);
+            return Ok((chunks, stream, requests));
         }
     }
 }
@@ -222,7 +231,7 @@ async fn a_proxy_becomes_ready_with_100000_pods_in_the_cluster() {
     let mut snapshot = Vec::new();
     let mut watch = None;
     wait("discovery serves the node's pods", async || {
-        let (chunks, stream, requests) = open_watch(&cp, &proxy_node, &["10.95.0.1"]).await;
+        let (chunks, stream, requests) = open_watch(&cp, &proxy_node, &["10.95.0.1"]).await?;
         let workloads: usize = chunks.iter().map(|(_, u)| u.workloads.len()).sum();
         snapshot = chunks;
         watch = Some((stream, requests));

@@ -131,13 +131,16 @@ impl Hub {
         }
         let mut changes = index.subscribe();
         changes.mark_unchanged();
-        self.start(&index);
+        // Rendering runs off the async workers (a whole cluster's change takes seconds).
+        let (hub, at) = (self.clone(), index.clone());
+        crate::blocking::run(move || hub.start(&at)).await;
         loop {
             tokio::select! {
                 _ = &mut shutdown => return,
                 changed = changes.changed() => if changed.is_err() { return },
             }
-            self.publish(&index);
+            let (hub, at) = (self.clone(), index.clone());
+            crate::blocking::run(move || hub.publish(&at)).await;
         }
     }
 }

@@ -188,15 +188,29 @@ pub async fn watch(
             _ = &mut shutdown => return,
             _ = ticker.tick() => {}
         }
-        let now = fingerprint(&dir);
-        if now == last {
+        // Reading and parsing the directory, and diffing what it holds against the index,
+        // run off the async workers: at 100,000 pods they take seconds.
+        let (scan_dir, seen) = (dir.clone(), last.clone());
+        let Some(now) = crate::blocking::run(move || {
+            let now = fingerprint(&scan_dir);
+            (now != seen).then_some(now)
+        })
+        .await
+        else {
             continue;
-        }
+        };
         last = now;
-        match load_index(&dir, &trust_domain) {
+        let (load_dir, domain) = (dir.clone(), trust_domain.clone());
+        match crate::blocking::run(move || load_index(&load_dir, &domain)).await {
             Ok(new) => {
-                metrics.record_success(&new);
-                index.replace(new);
+                let index = index.clone();
+                let metrics = metrics.clone();
+                crate::blocking::run(move || {
+                    index.replace(new);
+                    // Counted once served, so that a reader of the gauges finds them.
+                    metrics.record_success(&index.read());
+                })
+                .await;
             }
             Err(error) => {
                 // Keep serving the last good state; the operator sees why in the log and

@@ -89,14 +89,16 @@ impl PolicyPublisher {
         }
         let mut changes = index.subscribe();
         changes.mark_unchanged();
-        self.publish(&index, false);
+        let mut all = true;
         loop {
-            let all = tokio::select! {
+            // Rendering runs off the async workers (a whole cluster's change takes seconds).
+            let (publisher, at) = (self.clone(), index.clone());
+            crate::blocking::run(move || publisher.publish(&at, !all)).await;
+            all = tokio::select! {
                 _ = &mut shutdown => return,
                 changed = changes.changed() => if changed.is_err() { return } else { true },
                 _ = self.wanted.notified() => false,
             };
-            self.publish(&index, !all);
         }
     }
 
