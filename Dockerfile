@@ -5,15 +5,29 @@
 #   docker build --target proxy   -t ghcr.io/ambit-mesh/ambit-proxy:0.1.0 .
 #   docker build --target cni     -t ghcr.io/ambit-mesh/ambit-cni:0.1.0 .
 #
-# Never built on the development machines yet (issue 25: no container engine so far);
+# Built by scripts/images.sh with podman (no registry reachable there: BINARIES=prebuilt
+# takes the binaries built on the machine and RUNTIME a base made from its files). With a
+# registry, the defaults below build from source on the usual bases. The published images
+# use distroless/cc-debian12 (glibc, CA certificates, a nonroot user; no shell, no package
+# manager); the proxy adds `nft` and its libraries (the nftables redirection and the
+# fallback when the kernel refuses the eBPF programs), nothing else.
 # scripts/check-dockerfile.sh, run by scripts/test.sh, checks that every path copied
 # exists, that the build stage copies what cargo needs (every workspace member, every
 # path dependency and [patch] source, the files the manifest names), and that every
 # binary copied is one the workspace builds.
 
-FROM rust:1.95-bookworm AS build
+# The Rust toolchain that builds from source.
+ARG BUILDER=docker.io/library/rust:1.95-bookworm
+# The runtime base of the three images.
+ARG RUNTIME=gcr.io/distroless/cc-debian12
+# Where the binaries come from: `build` (compiled here) or `prebuilt` (PREBUILT, a folder
+# of the context holding bin/ and nft/, as scripts/images.sh lays it out).
+ARG BINARIES=build
+ARG PREBUILT=target/images/prebuilt
+
+FROM ${BUILDER} AS build
 RUN apt-get update \
- && apt-get install -y --no-install-recommends protobuf-compiler cmake clang \
+ && apt-get install -y --no-install-recommends protobuf-compiler cmake clang nftables \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY Cargo.toml Cargo.lock clippy.toml ./
@@ -33,28 +47,33 @@ COPY scripts scripts
 # The eBPF programs: nightly rust-src and bpf-linker (ebpf/build.rs compiles them).
 RUN ./scripts/install-bpf-toolchain.sh
 RUN cargo build --release --locked -p ambit-control -p ambit-proxy -p ambit-cni -p ambit-cli
+# The layout of the prebuilt stage: the binaries without debuginfo; nft and the libraries
+# it links, at their paths under /usr.
+RUN mkdir -p /out/bin /out/nft/usr/sbin \
+ && for b in ambit-control ambit ambit-proxy ambit-cni; do \
+      objcopy --strip-debug target/release/$b /out/bin/$b; done \
+ && cp /usr/sbin/nft /out/nft/usr/sbin/nft \
+ && ldd /usr/sbin/nft | awk '/=> \// {print $3}' | while read -r lib; do \
+      dest=/out/nft/usr${lib#/usr}; mkdir -p "$(dirname "$dest")"; cp "$(readlink -f "$lib")" "$dest"; done
 
-FROM debian:12-slim AS base
-RUN apt-get update \
- && apt-get install -y --no-install-recommends ca-certificates \
- && rm -rf /var/lib/apt/lists/*
+FROM scratch AS prebuilt
+ARG PREBUILT
+COPY ${PREBUILT} /out
 
-FROM base AS control
-COPY --from=build /src/target/release/ambit-control /usr/local/bin/ambit-control
-COPY --from=build /src/target/release/ambit /usr/local/bin/ambit
+FROM ${BINARIES} AS binaries
+
+FROM ${RUNTIME} AS control
+COPY --from=binaries /out/bin/ambit-control /out/bin/ambit /usr/local/bin/
 USER 65532:65532
 ENTRYPOINT ["/usr/local/bin/ambit-control"]
 
-FROM base AS proxy
-# nftables: the fallback redirection where the kernel refuses the eBPF programs.
-RUN apt-get update \
- && apt-get install -y --no-install-recommends nftables iproute2 \
- && rm -rf /var/lib/apt/lists/*
-COPY --from=build /src/target/release/ambit-proxy /usr/local/bin/ambit-proxy
+FROM ${RUNTIME} AS proxy
+COPY --from=binaries /out/nft/ /
+COPY --from=binaries /out/bin/ambit-proxy /usr/local/bin/ambit-proxy
 ENTRYPOINT ["/usr/local/bin/ambit-proxy"]
 
-FROM base AS cni
+FROM ${RUNTIME} AS cni
 # The installer copies this same binary into the host's CNI bin directory, where the
 # runtime runs it as the chained plugin.
-COPY --from=build /src/target/release/ambit-cni /usr/local/bin/ambit-cni
+COPY --from=binaries /out/bin/ambit-cni /usr/local/bin/ambit-cni
 ENTRYPOINT ["/usr/local/bin/ambit-cni"]
