@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# The Dockerfile is not built here (no container engine yet). What can be checked is that
-# it refers to what exists and copies what the build needs: every path it COPYs from the
-# build context is in the repository; the build stage copies every workspace member, every
-# path dependency and every [patch] source the root Cargo.toml names (cargo reads them all
-# before it builds anything: a missing one fails `cargo build --locked`); and every binary
-# it COPYs out of target/release is a [[bin]] the workspace builds (by name, in a package
-# the build stage compiles).
+# scripts/images.sh builds the Dockerfile's prebuilt path (tests/tests/images.rs runs the
+# images); the from-source path needs a registry for its bases, so what is checked of it is
+# that it refers to what exists and copies what the build needs: every path it COPYs from
+# the build context is in the repository; the build stage copies every workspace member,
+# every path dependency and every [patch] source the root Cargo.toml names (cargo reads
+# them all before it builds anything: a missing one fails `cargo build --locked`); and every
+# binary an image copies from /out/bin is a [[bin]] the build stage compiles and that both
+# the build stage and images.sh put there.
 #
 #   ./scripts/check-dockerfile.sh
 set -euo pipefail
@@ -41,6 +42,12 @@ for deps in [workspace["workspace"].get("dependencies", {})] + list(workspace.ge
 for path in sorted(needed):
     if not any(path == c or c in path.parents for c in copied):
         errors.append(f"Dockerfile: the build stage does not copy {path}/, which Cargo.toml needs (a workspace member, a path dependency or a [patch]): add `COPY {path} {path}`")
+# The binaries put in /out/bin: by the build stage (from source) and by images.sh (prebuilt).
+def stripped(text):
+    m = re.search(r"for b in ([^;]+); do", text)
+    return set(m.group(1).split()) if m else set()
+staged = stripped(build_stage)
+prebuilt = stripped((root / "scripts/images.sh").read_text())
 for n, line in enumerate(dockerfile.splitlines(), 1):
     words = line.split()
     if not words or words[0] != "COPY":
@@ -49,14 +56,21 @@ for n, line in enumerate(dockerfile.splitlines(), 1):
     sources, _dest = args[:-1], args[-1]
     if any(w.startswith("--from=") for w in words):
         for src in sources:
-            m = re.fullmatch(r"/src/target/release/([^/]+)", src)
+            m = re.fullmatch(r"/out/bin/([^/]+)", src)
+            if src == "/out/nft/":
+                continue
             if not m:
-                errors.append(f"Dockerfile:{n}: {src} is not a release binary")
-            elif not any(name == m.group(1) and pkg in built for pkg, name in bins):
+                errors.append(f"Dockerfile:{n}: {src} is not a binary of /out/bin or /out/nft/")
+                continue
+            if not any(name == m.group(1) and pkg in built for pkg, name in bins):
                 errors.append(f"Dockerfile:{n}: no package the build stage compiles has a binary {m.group(1)!r}")
+            for where, listed in (("the build stage", staged), ("scripts/images.sh", prebuilt)):
+                if m.group(1) not in listed:
+                    errors.append(f"Dockerfile:{n}: {where} does not put {m.group(1)} in /out/bin (its `for b in ...` loop)")
     else:
         for src in sources:
-            if not (root / src).exists():
+            # ${PREBUILT}: the folder scripts/images.sh lays out (the prebuilt stage).
+            if not src.startswith("${") and not (root / src).exists():
                 errors.append(f"Dockerfile:{n}: {src} does not exist in the repository")
 if errors:
     print("\n".join(errors), file=sys.stderr)
