@@ -96,7 +96,8 @@ printf 'root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/home
 printf 'root:x:0:\nnonroot:x:65532:\n' > "$root/etc/group"
 printf 'hosts: files dns\n' > "$root/etc/nsswitch.conf"
 chown 65532:65532 "$root/home/nonroot"
-tar -C "$root" --numeric-owner -c . | podman import -q - "$base" >/dev/null
+tar -C "$root" --numeric-owner -c . \
+    | podman import -q --change 'ENV PATH=/usr/local/bin:/usr/bin:/bin' - "$base" >/dev/null
 
 echo "==> images ($registry, $tag)"
 mkdir -p "$out"

@@ -39,9 +39,11 @@ if [ -n "$tests" ]; then
     # host-local, loopback) ambit-cni is chained with; python3: test clients and the Helm
     # chart checks; prometheus: scrapes the demo's node proxies in cli/tests/demo.rs;
     # qemu-system-x86, busybox-static, kmod: the guest with Debian's kernel that the kernel
-    # TLS tests run in (scripts/vm/run.sh, which fetches the kernel itself).
+    # TLS tests run in (scripts/vm/run.sh, which fetches the kernel itself); podman, runc
+    # (crun refuses these machines' hybrid cgroups), binutils (objcopy): the images that
+    # scripts/images.sh builds and tests/tests/images.rs runs.
     packages+=(openssl containernetworking-plugins python3 python3-venv prometheus
-        qemu-system-x86 busybox-static kmod)
+        qemu-system-x86 busybox-static kmod podman runc binutils)
 fi
 if [ -n "$bench" ]; then
     # nginx-light: the upstream every benchmark serves; iperf3: bulk throughput; socat: the

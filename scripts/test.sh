@@ -43,6 +43,9 @@ export AMBIT_PYTHON
 log "cargo test"
 # The binaries the demo's end-to-end test (cli/tests/demo.rs) runs beside `ambit`.
 cargo build --locked -p ambit-control -p ambit-proxy
+# The chart's images, from these debug binaries (stripped), for tests/tests/images.rs;
+# a release build's sizes are in BENCHMARKS.md.
+./scripts/images.sh --profile debug
 cargo test --workspace --locked
 # The whole end-to-end suite again with sockmap on the in-pod hops (eBPF redirection,
 # --sockmap on for every proxy: tests/src/sockmap.rs); about 5 minutes.

@@ -304,6 +304,7 @@ fn install(
     watch: bool,
     interval: Duration,
 ) -> Result<(), InstallError> {
+    let stop = if watch { Some(stop_signals()?) } else { None };
     let me = std::env::current_exe().map_err(io_err("finding this executable".into()))?;
     let bin = install_binary(&me, &dirs.cni_bin_dir)?;
     eprintln!("ambit-cni: installed {}", bin.display());
@@ -316,11 +317,41 @@ fn install(
             Err(e) if watch => eprintln!("ambit-cni: {e}; trying again in {interval:?}"),
             Err(e) => return Err(e),
         }
-        if !watch {
+        let Some(stop) = &stop else {
+            return Ok(());
+        };
+        if stop.recv_timeout(interval).is_ok() {
+            eprintln!(
+                "ambit-cni: stopping (the plugin stays chained; `ambit-cni uninstall` removes it)"
+            );
             return Ok(());
         }
-        std::thread::sleep(interval);
     }
+}
+
+/// Ends `--watch` on SIGTERM (the kubelet stopping the container) or SIGINT: the channel
+/// receives once either arrives. The installer runs as its container's PID 1, for which a
+/// signal without a handler does nothing — the pod would wait out its whole grace period
+/// and then be killed. The signals are blocked in every thread and taken by one that
+/// waits for them (sigwait; no handler, no unsafe code).
+fn stop_signals() -> Result<std::sync::mpsc::Receiver<()>, InstallError> {
+    use nix::sys::signal::{SigSet, Signal};
+    let mut set = SigSet::empty();
+    set.add(Signal::SIGTERM);
+    set.add(Signal::SIGINT);
+    set.thread_block().map_err(|e| {
+        io_err("blocking SIGTERM and SIGINT to wait for them".into())(std::io::Error::from(e))
+    })?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            if set.wait().is_ok() {
+                let _ = tx.send(());
+            }
+        })
+        .map_err(io_err("starting the signal thread".into()))?;
+    Ok(rx)
 }
 
 fn uninstall(dirs: &Dirs) -> Result<(), InstallError> {

@@ -89,3 +89,43 @@ def invocation(c: dict) -> dict:
         "args": list(c.get("command", [])[1:]) + list(c.get("args", [])),
         "env": {e["name"]: e.get("value") for e in c.get("env", [])},
     }
+
+
+def runtime(objects: list, kind: str, name: str, container_name: str) -> dict:
+    """How the kubelet runs a container, beside its command line: the user, group and
+    fsGroup, the container's securityContext (over the pod's), its ports, and each mount
+    with the volume behind it ({"configMap"|"secret"|"projected"|"hostPath"|"emptyDir": ...,
+    "defaultMode"}) — what tests/tests/images.rs turns into `podman run` flags."""
+    spec = find(objects, kind, name)["spec"]["template"]["spec"]
+    c = next(c for c in spec["containers"] + spec.get("initContainers", []) if c["name"] == container_name)
+    pod_sc = spec.get("securityContext", {})
+    sc = {**pod_sc, **c.get("securityContext", {})}
+    volumes = {v["name"]: v for v in spec.get("volumes", [])}
+    mounts = []
+    for m in c.get("volumeMounts", []):
+        v = volumes[m["name"]]
+        source = next(k for k in v if k != "name")
+        mounts.append({
+            "name": m["name"],
+            "mountPath": m["mountPath"],
+            "readOnly": bool(m.get("readOnly", False)),
+            "propagation": m.get("mountPropagation"),
+            "source": source,
+            "hostPath": v.get("hostPath", {}).get("path"),
+            "defaultMode": v[source].get("defaultMode", 0o644) if source in ("configMap", "secret", "projected") else None,
+        })
+    caps = sc.get("capabilities", {})
+    return {
+        "command": c.get("command"),
+        "user": sc.get("runAsUser"),
+        "group": sc.get("runAsGroup"),
+        "fsGroup": pod_sc.get("fsGroup"),
+        "runAsNonRoot": bool(sc.get("runAsNonRoot", False)),
+        "privileged": bool(sc.get("privileged", False)),
+        "allowPrivilegeEscalation": sc.get("allowPrivilegeEscalation", True),
+        "readOnlyRootFilesystem": bool(sc.get("readOnlyRootFilesystem", False)),
+        "capabilities": {"add": caps.get("add", []), "drop": caps.get("drop", [])},
+        "ports": [p["containerPort"] for p in c.get("ports", [])],
+        "mounts": mounts,
+        "hostNetwork": bool(spec.get("hostNetwork", False)),
+    }

@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """Renders the ambit chart and prints how it runs each binary, as JSON:
 
-    {"control": {"args": [...], "env": {"NAME": "value" or null}},
+    {"control": {"args": [...], "env": {"NAME": "value" or null}, "runtime": {...}},
      "proxy": {...}, "cni": {...}}
+
+("runtime": user, securityContext, ports and mounts, as chartlib.runtime says.)
 
 (null: the value comes from the cluster, e.g. the node name). The Rust end-to-end tests
 feed these to the real binaries, so that the chart and the binaries cannot drift.
@@ -30,11 +32,15 @@ def main():
             node = node.setdefault(k, {})
         node[last] = value
     objects = chartlib.render(chartlib.AMBIT, chartlib.sample_values(chartlib.sample_pki(), **extra), args.namespace)
-    print(json.dumps({
-        "control": chartlib.invocation(chartlib.container(objects, "Deployment", "ambit-control", "ambit-control")),
-        "proxy": chartlib.invocation(chartlib.container(objects, "DaemonSet", "ambit-proxy", "ambit-proxy")),
-        "cni": chartlib.invocation(chartlib.container(objects, "DaemonSet", "ambit-proxy", "ambit-cni")),
-    }, indent=2))
+    out = {}
+    for key, kind, name, container in (
+        ("control", "Deployment", "ambit-control", "ambit-control"),
+        ("proxy", "DaemonSet", "ambit-proxy", "ambit-proxy"),
+        ("cni", "DaemonSet", "ambit-proxy", "ambit-cni"),
+    ):
+        out[key] = chartlib.invocation(chartlib.container(objects, kind, name, container))
+        out[key]["runtime"] = chartlib.runtime(objects, kind, name, container)
+    print(json.dumps(out, indent=2))
 
 
 if __name__ == "__main__":

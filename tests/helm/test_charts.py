@@ -139,7 +139,7 @@ def test_external_ca_leaves_the_issuer_secret_to_the_operator(pki):
     objects = render(AMBIT, values)
     assert not [o for o in objects if o["kind"] == "Secret"]
     volumes = find(objects, "Deployment", "ambit-control")["spec"]["template"]["spec"]["volumes"]
-    assert {"name": "issuer", "secret": {"secretName": "ambit-identity-issuer", "defaultMode": 0o400}} in volumes
+    assert {"name": "issuer", "secret": {"secretName": "ambit-identity-issuer", "defaultMode": 0o440}} in volumes
 
 
 def test_the_node_proxy_daemonset_is_what_a_node_needs(pki):

@@ -1,0 +1,481 @@
+//! The chart's images, run as the chart runs them. `scripts/images.sh` builds them (with
+//! podman, from the binaries built here: `scripts/test.sh` runs it first); each test
+//! renders the chart with the real Helm library (`tests/helm/render.py`) and turns what a
+//! kubelet would do with the container into `podman run` flags — the image, command and
+//! args, env, user and group, `readOnlyRootFilesystem`, capabilities dropped and added,
+//! `allowPrivilegeEscalation`, and every volume mount, with folders and files of the
+//! test's own in place of the ConfigMaps, Secrets and host paths, owned and moded as the
+//! kubelet makes them. So an image that lacks what its binary needs, a binary that cannot
+//! read what the chart mounts as the user the chart runs it as, or a port the chart
+//! exposes that nothing serves fails here. Run as root.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure
+
+use ambit_e2e::netns::Topology;
+use ambit_proxy::netns::Netns;
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// What `scripts/images.sh` built: each image's reference, and the flags podman needs
+/// on this machine.
+struct Images {
+    refs: BTreeMap<String, String>,
+    engine: Vec<String>,
+}
+
+fn images() -> Images {
+    let file = root().join("target/images/images.json");
+    let text = std::fs::read_to_string(&file).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e}: build the images first with ./scripts/images.sh (./scripts/test.sh does)",
+            file.display()
+        )
+    });
+    let v: Value = serde_json::from_str(&text).unwrap();
+    let refs = ["control", "proxy", "cni"]
+        .iter()
+        .map(|k| (k.to_string(), v[k].as_str().unwrap().to_string()))
+        .collect();
+    let engine = serde_json::from_value(v["engine"].clone()).unwrap();
+    Images { refs, engine }
+}
+
+/// The chart as render.py prints it: `{"control"|"proxy"|"cni": {args, env, runtime}}`.
+fn rendered() -> Value {
+    let python = std::env::var_os("AMBIT_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join("target/venv/bin/python"));
+    let out = Command::new(&python)
+        .arg("render.py")
+        .current_dir(root().join("tests/helm"))
+        .output()
+        .unwrap_or_else(|e| {
+            panic!(
+                "{}: {e}: run ./scripts/install-python-tools.sh",
+                python.display()
+            )
+        });
+    assert!(
+        out.status.success(),
+        "render.py: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn podman(args: &[String]) -> Output {
+    Command::new("podman").args(args).output().unwrap()
+}
+
+/// A container of this test's, removed (by name) when dropped.
+struct Container {
+    name: String,
+}
+
+impl Container {
+    fn logs(&self) -> String {
+        let out = podman(&["logs".into(), self.name.clone()]);
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    }
+
+    fn state(&self, field: &str) -> String {
+        let out = podman(&[
+            "inspect".into(),
+            "--format".into(),
+            format!("{{{{.State.{field}}}}}"),
+            self.name.clone(),
+        ]);
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    /// `podman stop` (SIGTERM, as the kubelet ends a pod) and the exit code.
+    fn stop(&self) -> i64 {
+        let out = podman(&["stop".into(), "-t".into(), "20".into(), self.name.clone()]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        self.state("ExitCode").parse().unwrap()
+    }
+}
+
+impl Drop for Container {
+    fn drop(&mut self) {
+        let _ = podman(&[
+            "rm".into(),
+            "-f".into(),
+            "-t".into(),
+            "0".into(),
+            self.name.clone(),
+        ]);
+    }
+}
+
+/// What a volume mount is backed by in this test: a folder of its own, with files in it
+/// for a ConfigMap or Secret (written with the volume's mode), or a host folder.
+enum Source {
+    /// Files (name, content) of a ConfigMap or Secret.
+    Files(Vec<(&'static str, String)>),
+    /// A folder of the test's, in place of a hostPath.
+    Dir(PathBuf),
+}
+
+/// Starts `image` as the chart runs `chart` (one of render.py's entries): its mounts
+/// backed by `sources` (by volume name; every mount must have one), with `env` over the
+/// chart's, `extra` flags (network, further mounts) and `args` after the chart's.
+fn run_as_chart(
+    images: &Images,
+    image: &str,
+    chart: &Value,
+    sources: BTreeMap<&str, Source>,
+    scratch: &Path,
+    env: &[(&str, String)],
+    extra: &[String],
+) -> Container {
+    let rt = &chart["runtime"];
+    let name = format!("ambit-test-{}-{image}", std::process::id());
+    let _ = podman(&["rm".into(), "-f".into(), name.clone()]);
+    let mut flags: Vec<String> = vec!["run".into(), "-d".into(), "--name".into(), name.clone()];
+    flags.extend(images.engine.iter().cloned());
+    let uid = rt["user"].as_u64();
+    let gid = rt["group"].as_u64().or(uid.map(|_| 0));
+    if let Some(uid) = uid {
+        flags.extend(["--user".into(), format!("{uid}:{}", gid.unwrap())]);
+    }
+    if let Some(fs_group) = rt["fsGroup"].as_u64() {
+        flags.extend(["--group-add".into(), fs_group.to_string()]);
+    }
+    if rt["readOnlyRootFilesystem"] == true {
+        flags.push("--read-only".into());
+    }
+    if rt["privileged"] == true {
+        flags.push("--privileged".into());
+    }
+    if rt["allowPrivilegeEscalation"] == false {
+        flags.extend(["--security-opt".into(), "no-new-privileges".into()]);
+    }
+    for cap in rt["capabilities"]["drop"].as_array().unwrap() {
+        flags.extend(["--cap-drop".into(), cap.as_str().unwrap().into()]);
+    }
+    for cap in rt["capabilities"]["add"].as_array().unwrap() {
+        flags.extend(["--cap-add".into(), cap.as_str().unwrap().into()]);
+    }
+    let mut sources = sources;
+    for m in rt["mounts"].as_array().unwrap() {
+        let volume = m["name"].as_str().unwrap();
+        let source = sources.remove(volume).unwrap_or_else(|| {
+            panic!("the chart mounts volume {volume}: the test has no source for it")
+        });
+        let host = match source {
+            Source::Dir(d) => d,
+            Source::Files(files) => kubelet_volume(scratch, volume, m, rt, &files),
+        };
+        let mut opts = Vec::new();
+        if m["readOnly"] == true {
+            opts.push("ro");
+        }
+        if m["propagation"] == "Bidirectional" {
+            opts.push("rshared");
+        }
+        let opts = if opts.is_empty() {
+            String::new()
+        } else {
+            format!(":{}", opts.join(","))
+        };
+        flags.extend([
+            "-v".into(),
+            format!(
+                "{}:{}{opts}",
+                host.display(),
+                m["mountPath"].as_str().unwrap()
+            ),
+        ]);
+    }
+    assert!(
+        sources.is_empty(),
+        "volumes the chart does not mount: {:?}",
+        sources.keys().collect::<Vec<_>>()
+    );
+    let mut vars: BTreeMap<String, String> = chart["env"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter_map(|(k, v)| v.as_str().map(|v| (k.clone(), v.to_string())))
+        .collect();
+    vars.extend(env.iter().map(|(k, v)| (k.to_string(), v.clone())));
+    for (k, v) in vars {
+        flags.extend(["-e".into(), format!("{k}={v}")]);
+    }
+    flags.extend(extra.iter().cloned());
+    // Kubernetes' `command` replaces the image's ENTRYPOINT; `args` follow it.
+    if let Some(command) = rt["command"].as_array() {
+        let command: Vec<&str> = command.iter().map(|c| c.as_str().unwrap()).collect();
+        flags.extend([
+            "--entrypoint".into(),
+            serde_json::to_string(&command).unwrap(),
+        ]);
+    }
+    flags.push(images.refs[image].clone());
+    let args: Vec<String> = serde_json::from_value(chart["args"].clone()).unwrap();
+    flags.extend(args);
+    let out = podman(&flags);
+    assert!(
+        out.status.success(),
+        "podman {flags:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Container { name }
+}
+
+/// A ConfigMap or Secret volume as the kubelet writes it: files owned by root, with the
+/// volume's `defaultMode`; with the pod's `fsGroup`, group-owned by it and group-readable.
+fn kubelet_volume(
+    scratch: &Path,
+    volume: &str,
+    mount: &Value,
+    rt: &Value,
+    files: &[(&str, String)],
+) -> PathBuf {
+    let dir = scratch.join(format!("volume-{volume}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let fs_group = rt["fsGroup"].as_u64().map(|g| g as u32);
+    let mut mode = mount["defaultMode"].as_u64().unwrap_or(0o644) as u32;
+    if fs_group.is_some() {
+        mode |= 0o440;
+    }
+    for (name, content) in files {
+        let path = dir.join(name);
+        std::fs::write(&path, content).unwrap();
+        std::os::unix::fs::chown(&path, Some(0), Some(fs_group.unwrap_or(0))).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+    std::os::unix::fs::chown(&dir, Some(0), Some(fs_group.unwrap_or(0))).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    dir
+}
+
+/// An HTTP/1.1 GET inside `netns`; the status code, or why there is none.
+async fn get_in(netns: &Netns, addr: SocketAddr, path: &str) -> Result<u16, String> {
+    let mut s = tokio::time::timeout(Duration::from_secs(2), netns.connect(addr, 0))
+        .await
+        .map_err(|_| "connect timed out".to_string())?
+        .map_err(|e| e.to_string())?;
+    s.write_all(
+        format!("GET {path} HTTP/1.1\r\nHost: ambit\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .await
+    .map_err(|e| e.to_string())?;
+    let mut answer = String::new();
+    tokio::time::timeout(Duration::from_secs(5), s.read_to_string(&mut answer))
+        .await
+        .map_err(|_| "no answer".to_string())?
+        .map_err(|e| e.to_string())?;
+    answer
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or(format!("not HTTP: {answer:?}"))
+}
+
+/// Polls `f` until it is true (at most `within`), else fails with the container's logs.
+async fn until(
+    c: &Container,
+    what: &str,
+    within: Duration,
+    mut f: impl AsyncFnMut() -> Result<bool, String>,
+) {
+    let deadline = Instant::now() + within;
+    loop {
+        let last = f().await;
+        if last == Ok(true) {
+            return;
+        }
+        assert!(
+            c.state("Running") == "true" || last.is_ok(),
+            "{what}: the container exited ({}): {last:?}\n{}",
+            c.state("ExitCode"),
+            c.logs()
+        );
+        assert!(
+            Instant::now() < deadline,
+            "{what}: not within {within:?}: {last:?}\n{}",
+            c.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_control_image_serves_as_the_chart_runs_it() {
+    let images = images();
+    let chart = rendered();
+    let control = &chart["control"];
+    let env = |k: &str| control["env"][k].as_str().unwrap().to_string();
+    let scratch = tempfile::tempdir().unwrap();
+    let (root_ca, issuer) = ambit_e2e::test_pki();
+
+    // The chart's mounts hold what it names (AMBIT_TRUST_ANCHORS, AMBIT_ISSUER_*); the
+    // file names are the chart's.
+    let file_in = |var: &str| {
+        let p = PathBuf::from(env(var));
+        p.file_name().unwrap().to_str().unwrap().to_string()
+    };
+    let (anchors, cert, key) = (
+        file_in("AMBIT_TRUST_ANCHORS"),
+        file_in("AMBIT_ISSUER_CERT"),
+        file_in("AMBIT_ISSUER_KEY"),
+    );
+    let leak = |s: String| -> &'static str { Box::leak(s.into_boxed_str()) };
+    let sources = BTreeMap::from([
+        (
+            "trust-roots",
+            Source::Files(vec![(leak(anchors), root_ca.cert_pem.clone())]),
+        ),
+        (
+            "issuer",
+            Source::Files(vec![
+                (leak(cert), issuer.cert_pem.clone()),
+                (leak(key), issuer.key_pem.clone()),
+            ]),
+        ),
+    ]);
+    // Not the chart's: the kube backend needs an API server, so this control plane reads
+    // the same objects from a folder (the local backend), mounted read-only beside.
+    let local = scratch.path().join("local");
+    std::fs::create_dir_all(local.join("cluster")).unwrap();
+    std::fs::write(local.join("cluster/cluster.yaml"), ambit_e2e::NAMESPACES).unwrap();
+    std::fs::write(
+        local.join("tokens.yaml"),
+        format!("nodes:\n  node-a: {}\n", ambit_e2e::node_token("node-a")),
+    )
+    .unwrap();
+    for f in ["", "cluster", "cluster/cluster.yaml", "tokens.yaml"] {
+        let p = local.join(f);
+        let mode = if p.is_dir() { 0o755 } else { 0o644 };
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+    std::fs::set_permissions(scratch.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+
+    // Its own network namespace (the pod's): the chart's addresses, 0.0.0.0 and its ports.
+    let t = Topology::new(&["control"]);
+    let pod = t.pod("control");
+    let c = run_as_chart(
+        &images,
+        "control",
+        control,
+        sources,
+        scratch.path(),
+        &[
+            ("AMBIT_BACKEND", "local".into()),
+            ("AMBIT_LOCAL_DIR", "/var/lib/ambit-local/cluster".into()),
+            (
+                "AMBIT_NODE_TOKENS",
+                "/var/lib/ambit-local/tokens.yaml".into(),
+            ),
+        ],
+        &[
+            "--network".into(),
+            format!("ns:{}", pod.path()),
+            "-v".into(),
+            format!("{}:/var/lib/ambit-local:ro", local.display()),
+        ],
+    );
+    let netns = Netns::open(Path::new(&pod.path())).unwrap();
+    let admin = SocketAddr::from(([127, 0, 0, 1], 9990));
+    until(&c, "/ready", Duration::from_secs(60), async || {
+        get_in(&netns, admin, "/ready")
+            .await
+            .map(|code| code == 200)
+    })
+    .await;
+    // Every port the chart exposes is served, on the pod's address.
+    for port in control["runtime"]["ports"].as_array().unwrap() {
+        let addr = SocketAddr::from((pod.ip, port.as_u64().unwrap() as u16));
+        netns
+            .connect(addr, 0)
+            .await
+            .unwrap_or_else(|e| panic!("the chart's port {addr}: {e}\n{}", c.logs()));
+    }
+    assert_eq!(get_in(&netns, admin, "/live").await, Ok(200));
+    assert_eq!(c.stop(), 0, "SIGTERM ends it cleanly:\n{}", c.logs());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cni_image_installs_and_rechains_the_plugin_as_the_chart_runs_it() {
+    let images = images();
+    let chart = rendered();
+    let cni = &chart["cni"];
+    let scratch = tempfile::tempdir().unwrap();
+    let (bin, conf) = (scratch.path().join("bin"), scratch.path().join("net.d"));
+    std::fs::create_dir_all(&bin).unwrap();
+    std::fs::create_dir_all(&conf).unwrap();
+    let primary = r#"{"cniVersion": "1.0.0", "name": "k8s", "plugins": [{"type": "bridge"}]}"#;
+    let list = conf.join("10-bridge.conflist");
+    std::fs::write(&list, primary).unwrap();
+    let sources = BTreeMap::from([
+        ("cni-bin", Source::Dir(bin.clone())),
+        ("cni-conf", Source::Dir(conf.clone())),
+    ]);
+    let c = run_as_chart(
+        &images,
+        "cni",
+        cni,
+        sources,
+        scratch.path(),
+        &[],
+        &["--network".into(), "none".into()],
+    );
+    let chained = async || -> Result<bool, String> {
+        let text = std::fs::read_to_string(&list).map_err(|e| e.to_string())?;
+        let v: Value = serde_json::from_str(&text).map_err(|e| format!("{e}: {text}"))?;
+        Ok(v["plugins"][1]["type"] == "ambit-cni" && bin.join("ambit-cni").is_file())
+    };
+    until(
+        &c,
+        "the plugin chained and installed",
+        Duration::from_secs(60),
+        chained,
+    )
+    .await;
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&list).unwrap()).unwrap();
+    let args: Vec<String> = serde_json::from_value(cni["args"].clone()).unwrap();
+    let socket = &args[args.iter().position(|a| a == "--socket").unwrap() + 1];
+    assert_eq!(v["plugins"][1]["socket"], socket.as_str(), "{v}");
+    // The binary it copied out of the image runs on the host, as the runtime runs it.
+    let out = Command::new(bin.join("ambit-cni"))
+        .env("CNI_COMMAND", "VERSION")
+        .output()
+        .unwrap();
+    let versions: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+    assert!(
+        versions["supportedVersions"].as_array().is_some(),
+        "{versions}"
+    );
+
+    // The primary CNI rewrites its conflist: the installer (--watch) chains it again.
+    std::fs::write(&list, primary).unwrap();
+    until(
+        &c,
+        "chained again after a rewrite",
+        Duration::from_secs(60),
+        chained,
+    )
+    .await;
+    assert_eq!(c.stop(), 0, "SIGTERM ends it cleanly:\n{}", c.logs());
+}
