@@ -99,10 +99,26 @@ impl Cgroup {
         self.kill()?;
         let mut dirs = subtree(&self.path);
         dirs.reverse(); // deepest last in `subtree`: remove them first
+                        // A cgroup whose last process has just been killed may refuse rmdir (EBUSY) until
+                        // the kernel has finished that exit, after cgroup.procs already reads empty.
+        let deadline = Instant::now() + Duration::from_secs(5);
         for dir in dirs {
-            std::fs::remove_dir(&dir).map_err(|e| {
-                io::Error::new(e.kind(), format!("removing {}: {e}", dir.display()))
-            })?;
+            loop {
+                match std::fs::remove_dir(&dir) {
+                    Ok(()) => break,
+                    Err(e)
+                        if e.kind() == io::ErrorKind::ResourceBusy && Instant::now() < deadline =>
+                    {
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
+                    Err(e) => {
+                        return Err(io::Error::new(
+                            e.kind(),
+                            format!("removing {}: {e}", dir.display()),
+                        ))
+                    }
+                }
+            }
         }
         Ok(())
     }
