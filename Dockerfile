@@ -46,11 +46,11 @@ COPY vendor vendor
 COPY scripts scripts
 # The eBPF programs: nightly rust-src and bpf-linker (ebpf/build.rs compiles them).
 RUN ./scripts/install-bpf-toolchain.sh
-RUN cargo build --release --locked -p ambit-control -p ambit-proxy -p ambit-cni -p ambit-cli
+RUN cargo build --release --locked -p ambit-control -p ambit-proxy -p ambit-cni
 # The layout of the prebuilt stage: the binaries without debuginfo; nft and the libraries
 # it links, at their paths under /usr.
 RUN mkdir -p /out/bin /out/nft/usr/sbin \
- && for b in ambit-control ambit ambit-proxy ambit-cni; do \
+ && for b in ambit-control ambit-proxy ambit-cni; do \
       objcopy --strip-debug target/release/$b /out/bin/$b; done \
  && cp /usr/sbin/nft /out/nft/usr/sbin/nft \
  && ldd /usr/sbin/nft | awk '/=> \// {print $3}' | while read -r lib; do \
@@ -63,7 +63,7 @@ COPY ${PREBUILT} /out
 FROM ${BINARIES} AS binaries
 
 FROM ${RUNTIME} AS control
-COPY --from=binaries /out/bin/ambit-control /out/bin/ambit /usr/local/bin/
+COPY --from=binaries /out/bin/ambit-control /usr/local/bin/ambit-control
 USER 65532:65532
 ENTRYPOINT ["/usr/local/bin/ambit-control"]
 

@@ -12,7 +12,7 @@
 # `prebuilt` stage (BINARIES=prebuilt), with `nft` and the libraries it links from this
 # machine (Debian 12, as the published images); the runtime base is made here too, from
 # this machine's files: what distroless/cc-debian12 holds that the binaries use (glibc,
-# libgcc_s, CA certificates, /etc/passwd with root and nonroot 65532), and no shell or
+# libgcc_s, CA certificates, /etc/passwd with root and nonroot 65532, its PATH), and no shell or
 # package manager. With a registry, `podman build`/`docker build --target control .`
 # builds from source on the Dockerfile's default bases instead.
 #
@@ -59,15 +59,16 @@ if [ -d /sys/fs/cgroup/unified ] || ! command -v crun >/dev/null; then
 fi
 
 echo "==> binaries ($profile)"
-flags=(--locked -q -p ambit-control -p ambit-proxy -p ambit-cni -p ambit-cli)
+flags=(--locked -q -p ambit-control -p ambit-proxy -p ambit-cni)
 [ "$profile" = release ] && flags+=(--release)
 cargo build "${flags[@]}"
 
-# --- The prebuilt stage's context: the binaries, stripped, and nft with its libraries.
-pre="$out/prebuilt"
+# --- The prebuilt stage's context: the binaries, stripped, and nft with its libraries. Always
+# here, whatever --out is: the one folder under target/ that .dockerignore lets in.
+pre="target/images/prebuilt"
 rm -rf "$pre"
 mkdir -p "$pre/bin" "$pre/nft/usr/sbin"
-for b in ambit-control ambit ambit-proxy ambit-cni; do
+for b in ambit-control ambit-proxy ambit-cni; do
     objcopy --strip-debug "target/$profile/$b" "$pre/bin/$b"
 done
 # Every library a binary links, at its path under /usr (Debian 12 merged /lib into /usr).
@@ -97,7 +98,7 @@ printf 'root:x:0:\nnonroot:x:65532:\n' > "$root/etc/group"
 printf 'hosts: files dns\n' > "$root/etc/nsswitch.conf"
 chown 65532:65532 "$root/home/nonroot"
 tar -C "$root" --numeric-owner -c . \
-    | podman import -q --change 'ENV PATH=/usr/local/bin:/usr/bin:/bin' - "$base" >/dev/null
+    | podman import -q --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' - "$base" >/dev/null
 
 echo "==> images ($registry, $tag)"
 mkdir -p "$out"

@@ -148,7 +148,9 @@ fn run_as_chart(
     extra: &[String],
 ) -> Container {
     let rt = &chart["runtime"];
-    let name = format!("ambit-test-{}-{image}", std::process::id());
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    let name = format!("ambit-test-{}-{image}-{n}", std::process::id());
     let _ = podman(&["rm".into(), "-f".into(), name.clone()]);
     let mut flags: Vec<String> = vec!["run".into(), "-d".into(), "--name".into(), name.clone()];
     flags.extend(images.engine.iter().cloned());
@@ -478,4 +480,387 @@ async fn the_cni_image_installs_and_rechains_the_plugin_as_the_chart_runs_it() {
     )
     .await;
     assert_eq!(c.stop(), 0, "SIGTERM ends it cleanly:\n{}", c.logs());
+}
+
+/// A folder of the test's made a mount point of its own with shared propagation (a bind
+/// of itself, or a new bpffs instance), so that what a container mounts under it with
+/// the chart's `mountPropagation: Bidirectional` reaches the host as it does on a node;
+/// lazily unmounted, with everything under it, when dropped.
+struct SharedMount(PathBuf);
+
+impl SharedMount {
+    fn new(dir: &Path, fstype: Option<&str>) -> Self {
+        use nix::mount::{mount, MsFlags};
+        std::fs::create_dir_all(dir).unwrap();
+        match fstype {
+            Some(fs) => mount(Some(fs), dir, Some(fs), MsFlags::empty(), None::<&str>),
+            None => mount(Some(dir), dir, None::<&str>, MsFlags::MS_BIND, None::<&str>),
+        }
+        .unwrap_or_else(|e| panic!("mounting {}: {e}", dir.display()));
+        let guard = Self(dir.to_path_buf());
+        mount(
+            None::<&str>,
+            dir,
+            None::<&str>,
+            MsFlags::MS_SHARED,
+            None::<&str>,
+        )
+        .unwrap();
+        guard
+    }
+}
+
+impl Drop for SharedMount {
+    fn drop(&mut self) {
+        let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
+    }
+}
+
+/// Removes, when dropped, the cgroups podman made for `--cgroup-parent` in the cgroup v1
+/// hierarchies of a hybrid host (the cgroup2 one is the test's own, removed by its owner).
+struct CgroupParent(PathBuf);
+
+impl CgroupParent {
+    /// `cgroup`'s path in the cgroup2 hierarchy, as `--cgroup-parent` takes it.
+    fn relative(cgroup: &Path) -> String {
+        let rel = cgroup
+            .strip_prefix(ambit_ebpf::sys::cgroup2_mount())
+            .unwrap();
+        format!("/{}", rel.display())
+    }
+}
+
+impl Drop for CgroupParent {
+    fn drop(&mut self) {
+        let rel = Self::relative(&self.0);
+        let v2 = ambit_ebpf::sys::cgroup2_mount();
+        for e in std::fs::read_dir("/sys/fs/cgroup")
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let dir = e.path().join(rel.trim_start_matches('/'));
+            if e.path() != v2 && dir.is_dir() {
+                remove_cgroup_tree(&dir);
+            }
+        }
+    }
+}
+
+/// Removes `dir` and the cgroups under it (podman's `conmon`, the container's), deepest
+/// first; a cgroup's files go with its directory.
+fn remove_cgroup_tree(dir: &Path) {
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if e.file_type().is_ok_and(|t| t.is_dir()) {
+            remove_cgroup_tree(&e.path());
+        }
+    }
+    let _ = std::fs::remove_dir(dir);
+}
+
+const WEB_ID: &str = "spiffe://cluster.local/ns/shop/sa/web";
+const CLI_ID: &str = "spiffe://cluster.local/ns/shop/sa/cli";
+
+/// `cli` on node-a calls the Service `web`, whose pod is on node-b; `web_ip` is `None`
+/// until the kubelet reports it (after CNI ADD).
+fn mesh_cluster(web_ip: Option<&str>) -> String {
+    let web_status = web_ip
+        .map(|ip| format!("status: {{podIP: {ip}, phase: Running}}"))
+        .unwrap_or_else(|| "status: {phase: Pending}".into());
+    format!(
+        r#"{}---
+apiVersion: v1
+kind: Pod
+metadata: {{name: cli, namespace: shop}}
+spec: {{nodeName: node-a, serviceAccountName: cli, containers: []}}
+status: {{podIP: 10.78.1.10, phase: Running}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: web, namespace: shop}}
+spec: {{nodeName: node-b, serviceAccountName: web, containers: []}}
+{web_status}
+---
+apiVersion: v1
+kind: Service
+metadata: {{name: web, namespace: shop}}
+spec: {{clusterIP: 10.96.0.10, ports: [{{name: http, port: 80}}]}}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {{name: web-1, namespace: shop, labels: {{kubernetes.io/service-name: web}}}}
+addressType: IPv4
+ports: [{{name: http, port: 8080}}]
+endpoints: [{{addresses: [10.78.2.10], targetRef: {{kind: Pod, name: web, namespace: shop}}}}]
+"#,
+        ambit_e2e::NAMESPACES
+    )
+}
+
+/// A free loopback port (bound and released).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_proxy_image_runs_a_node_of_the_mesh_as_the_chart_runs_it() {
+    // The chart's `redirect: auto`: eBPF here (the programs are in the binary).
+    proxy_node(None, "ebpf").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_proxy_image_redirects_with_its_own_nft() {
+    // `proxy.redirect: nftables`: the image's nft (with JSON), on the image's PATH.
+    proxy_node(Some("nftables"), "nftables").await;
+}
+
+/// Two nodes, node-b's proxy the image run as the chart runs it with `redirect` (the
+/// chart's when `None`), which must end up as `mode`: a request through the mesh, the
+/// pod's sandbox and pins on the node, a clean SIGTERM, fail closed while it is gone, a
+/// new pod of it serving the node's pods again without a new ADD.
+async fn proxy_node(redirect: Option<&str>, mode: &str) {
+    use ambit_e2e::cni::Cluster;
+    use ambit_e2e::{http_get, http_server, metric_sum, ControlPlane, NodeProxy};
+    use std::sync::Arc;
+
+    let images = images();
+    let chart = rendered();
+    let proxy = &chart["proxy"];
+    // Two nodes wired by the real CNI plugins with ambit-cni chained (tests/src/cni.rs):
+    // node-a's proxy runs in this process, node-b's is the image.
+    let cni = Path::new(env!("CARGO_BIN_EXE_ambit-cni-e2e"));
+    let c = Arc::new(Cluster::new(
+        &format!("img{mode}"),
+        &["node-a", "node-b"],
+        cni,
+    ));
+    let cp = ControlPlane::start(&mesh_cluster(None), &["node-a", "node-b"]).await;
+    let a = NodeProxy::start_config(
+        c.node("node-a")
+            .proxy_config(&cp, ambit_proxy::proxy::Redirect::Nftables),
+    )
+    .await;
+
+    // node-b as the DaemonSet's pod has it: the hostPath volumes are the test node's own.
+    // The run directory and bpffs are shared mounts (Bidirectional in the chart), the
+    // bpffs a new instance of the test's, so that the chart's pin path
+    // (/sys/fs/bpf/ambit) is the test's alone; the chart's host cgroup root is the test
+    // node's cgroup (never the machine's root cgroup).
+    let node_b = c.node("node-b");
+    let scratch = tempfile::tempdir().unwrap();
+    let run = SharedMount::new(&node_b.run_dir, None);
+    let bpffs = SharedMount::new(&scratch.path().join("bpffs"), Some("bpf"));
+    // The chart's CNI socket is in its run directory; the installer chained the plugin
+    // with the node's socket path: the same file.
+    let socket_in_image = PathBuf::from(proxy["env"]["AMBIT_CNI_SOCKET"].as_str().unwrap());
+    let run_in_image = PathBuf::from(proxy["env"]["AMBIT_RUN_DIR"].as_str().unwrap());
+    let socket_on_node = run
+        .0
+        .join(socket_in_image.strip_prefix(&run_in_image).unwrap());
+    std::os::unix::fs::symlink(&socket_on_node, &node_b.socket).unwrap();
+    let file_of = |var: &str| -> &'static str {
+        let p = PathBuf::from(proxy["env"][var].as_str().unwrap());
+        Box::leak(
+            p.file_name()
+                .unwrap()
+                .to_str()
+                .unwrap()
+                .to_string()
+                .into_boxed_str(),
+        )
+    };
+    let sources = || {
+        BTreeMap::from([
+            ("run", Source::Dir(run.0.clone())),
+            ("bpffs", Source::Dir(bpffs.0.clone())),
+            ("cgroup", Source::Dir(node_b.cgroup.clone())),
+            ("host-proc", Source::Dir("/proc".into())),
+            (
+                "token",
+                Source::Files(vec![(
+                    file_of("AMBIT_TOKEN_FILE"),
+                    ambit_e2e::node_token("node-b"),
+                )]),
+            ),
+            (
+                "trust-roots",
+                Source::Files(vec![(
+                    file_of("AMBIT_TRUST_ANCHORS"),
+                    cp.root.cert_pem.clone(),
+                )]),
+            ),
+        ])
+    };
+    // Not the chart's: the node name (a fieldRef), the control plane's addresses (this
+    // test's, on loopback, in place of the Service) and the admin port (a free one of
+    // loopback: the container shares this test's network namespace, as the in-process
+    // node-a does, which is where the control plane is).
+    let admin = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let mut env = vec![
+        ("AMBIT_NODE_NAME", "node-b".to_string()),
+        ("AMBIT_IDENTITY_URL", cp.identity_url()),
+        ("AMBIT_DISCOVERY_URL", cp.discovery_url()),
+        ("AMBIT_POLICY_URL", cp.policy_url()),
+        ("AMBIT_ADMIN_ADDR", admin.to_string()),
+    ];
+    env.extend(redirect.map(|r| ("AMBIT_REDIRECT", r.to_string())));
+    // The proxy's pod runs under the node's cgroup, as a kubelet's pods run under the
+    // root cgroup the chart mounts: its own sockets meet the programs it attaches there
+    // (and skip them by its mark and cgroup).
+    let _parents = CgroupParent(node_b.cgroup.clone());
+    let parent = CgroupParent::relative(&node_b.cgroup);
+    let start = |scratch: &Path| {
+        run_as_chart(
+            &images,
+            "proxy",
+            proxy,
+            sources(),
+            scratch,
+            &env,
+            &[
+                "--network".into(),
+                "host".into(),
+                "--cgroup-parent".into(),
+                parent.clone(),
+            ],
+        )
+    };
+    let b = start(scratch.path());
+    until(&b, "node-b's /ready", Duration::from_secs(60), async || {
+        Ok(http_get(admin, "/ready").await.0 == 200)
+    })
+    .await;
+
+    // The pods arrive through CNI ADD: node-b's through the image's socket.
+    let web = {
+        let c = c.clone();
+        tokio::task::spawn_blocking(move || c.add_pod("node-b", "shop", "web", 10))
+            .await
+            .unwrap()
+            .unwrap_or_else(|e| panic!("CNI ADD through the image's socket: {e}\n{}", b.logs()))
+    };
+    let cli = c.add("node-a", "shop", "cli", 10).await;
+    cp.set_cluster(&mesh_cluster(Some("10.78.2.10")));
+    let web_ns = Netns::open(Path::new(&web.path())).unwrap();
+    let seen = http_server(&web_ns, 8080, "hello from web").await;
+
+    let mesh_requests = |m: &str| {
+        metric_sum(
+            m,
+            "response_total",
+            &[
+                &format!("server_id=\"{WEB_ID}\""),
+                "tls=\"true\"",
+                "status_code=\"200\"",
+            ],
+        )
+    };
+    let through_mesh = async |url: &str| {
+        let mut got = Err(String::new());
+        for _ in 0..100 {
+            let before = mesh_requests(&a.metrics().await);
+            got = c.curl_async(&cli, url).await;
+            if matches!(&got, Ok((200, _))) && mesh_requests(&a.metrics().await) > before {
+                return got;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        got
+    };
+    for url in ["http://10.96.0.10/", "http://10.78.2.10:8080/"] {
+        assert_eq!(
+            through_mesh(url).await,
+            Ok((200, "hello from web".into())),
+            "{url}\n{}",
+            b.logs()
+        );
+    }
+    // web saw its own (in-pod) proxy; the image's proxy terminated mTLS from cli.
+    assert!(
+        seen.lock()
+            .unwrap()
+            .iter()
+            .all(|p| p.ip() == std::net::IpAddr::V4(web.ip)),
+        "{seen:?}"
+    );
+    let mb = http_get(admin, "/metrics").await.1;
+    let inbound = [
+        "direction=\"inbound\"",
+        "pod=\"web\"",
+        &format!("client_id=\"{CLI_ID}\""),
+        "tls=\"true\"",
+    ];
+    assert!(metric_sum(&mb, "request_total", &inbound) >= 2, "{mb}");
+    assert!(
+        mb.contains("cni_requests_total{command=\"add\",result=\"redirected\"} 1"),
+        "{mb}"
+    );
+    let dump: Value = serde_json::from_str(&http_get(admin, "/config_dump").await.1).unwrap();
+    assert_eq!(dump["redirect_mode"], mode, "{dump}\n{}", b.logs());
+    assert_eq!(
+        dump["pods"][0]["cni_sandbox"],
+        web.container_id.as_str(),
+        "{dump}"
+    );
+    // eBPF: pinned in the chart's pin directory, on the node's bpffs.
+    let pin_dir = PathBuf::from(proxy["env"]["AMBIT_BPF_PIN_DIR"].as_str().unwrap());
+    let pins = bpffs.0.join(pin_dir.strip_prefix("/sys/fs/bpf").unwrap());
+    assert_eq!(
+        std::fs::read_dir(pins.join("links")).is_ok_and(|mut d| d.next().is_some()),
+        mode == "ebpf",
+        "links pinned under {}",
+        pins.display()
+    );
+    // The pod's netns handle, mounted by the proxy inside its container, is a mount of
+    // the node's (Bidirectional): what a restarted proxy finds its pods by.
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let handles = run.0.join("netns");
+    assert!(
+        mountinfo.contains(&format!(" {}/", handles.display())),
+        "no netns handle of the image's proxy under {} on the node",
+        handles.display()
+    );
+
+    // The kubelet ends the pod (SIGTERM): it drains and exits 0; web is then reached
+    // neither through the mesh nor around it.
+    assert_eq!(b.stop(), 0, "SIGTERM ends it cleanly:\n{}", b.logs());
+    drop(b);
+    let reached = seen.lock().unwrap().len();
+    let out = c.curl_async(&cli, "http://10.78.2.10:8080/").await;
+    assert!(!matches!(out, Ok((200, _))), "{out:?}");
+    assert_eq!(
+        seen.lock().unwrap().len(),
+        reached,
+        "web reached around its proxy"
+    );
+
+    // The DaemonSet starts a new pod: from the node's run directory and pins it serves
+    // web again, with no new ADD.
+    let scratch2 = tempfile::tempdir().unwrap();
+    let b = start(scratch2.path());
+    until(
+        &b,
+        "node-b's /ready again",
+        Duration::from_secs(60),
+        async || Ok(http_get(admin, "/ready").await.0 == 200),
+    )
+    .await;
+    assert_eq!(
+        through_mesh("http://10.96.0.10/").await,
+        Ok((200, "hello from web".into())),
+        "{}",
+        b.logs()
+    );
+    let mb = http_get(admin, "/metrics").await.1;
+    assert!(!mb.contains("cni_requests_total{command=\"add\""), "{mb}");
+
+    c.del_all(&[&web, &cli]).await;
+    assert_eq!(b.stop(), 0, "SIGTERM ends it cleanly:\n{}", b.logs());
+    drop(b);
+    a.stop().await;
+    cp.stop().await;
 }
