@@ -90,6 +90,8 @@ def test_crds_pass_strict_validation_with_and_without_gateway_api(version):
         {"proxy": {"outboundUnknown": "block"}},
         {"proxy": {"maxConnectionsPerPod": 0}},
         {"proxy": {"httpIdleTimeout": "ten minutes"}},
+        {"image": {"digests": {"proxy": "sha256:abc"}}},
+        {"image": {"digests": {"prox": "sha256:" + "0" * 64}}},
     ],
     ids=[
         "misspelt-top-level",
@@ -100,6 +102,8 @@ def test_crds_pass_strict_validation_with_and_without_gateway_api(version):
         "bad-outbound-unknown",
         "no-connections",
         "bad-idle-timeout",
+        "short-digest",
+        "misspelt-digest-name",
     ],
 )
 def test_a_misspelt_or_invalid_value_is_refused_by_the_schema(values):
@@ -131,6 +135,21 @@ def test_more_than_one_replica_gets_a_disruption_budget_and_anti_affinity(pki):
     assert pdb["spec"]["selector"]["matchLabels"] == deploy["spec"]["selector"]["matchLabels"]
     anti = deploy["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
     assert anti["requiredDuringSchedulingIgnoredDuringExecution"][0]["topologyKey"] == "kubernetes.io/hostname"
+
+
+def test_an_image_pinned_by_digest_is_pulled_by_it_and_the_others_by_tag(pki):
+    digest = "sha256:" + "ab" * 32
+    objects = render(AMBIT, sample_values(pki, image={"tag": "9.9.9", "digests": {"proxy": digest}}))
+    images = {
+        c["name"]: c["image"]
+        for kind, name in [("DaemonSet", "ambit-proxy"), ("Deployment", "ambit-control")]
+        for c in find(objects, kind, name)["spec"]["template"]["spec"]["containers"]
+    }
+    assert images == {
+        "ambit-proxy": f"ghcr.io/ambit-mesh/ambit-proxy@{digest}",
+        "ambit-cni": "ghcr.io/ambit-mesh/ambit-cni:9.9.9",
+        "ambit-control": "ghcr.io/ambit-mesh/ambit-control:9.9.9",
+    }, images
 
 
 def test_external_ca_leaves_the_issuer_secret_to_the_operator(pki):

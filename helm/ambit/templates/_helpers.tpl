@@ -6,9 +6,15 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ .Chart.Name }}-{{ .Chart.Version }}
 {{- end }}
 
-{{/* An image of ours: ambit.image (dict "ctx" $ "name" "ambit-proxy"). */}}
+{{/* An image of ours: ambit.image (dict "ctx" $ "name" "ambit-proxy"). With a digest in
+image.digests (by the name without "ambit-"), REGISTRY/NAME@DIGEST: pinned, the tag ignored. */}}
 {{- define "ambit.image" -}}
+{{- $digest := get (.ctx.Values.image.digests | default dict) (trimPrefix "ambit-" .name) -}}
+{{- if $digest -}}
+{{ .ctx.Values.image.registry }}/{{ .name }}@{{ $digest }}
+{{- else -}}
 {{ .ctx.Values.image.registry }}/{{ .name }}:{{ .ctx.Values.image.tag | default .ctx.Chart.AppVersion }}
+{{- end }}
 {{- end }}
 
 {{/* The trust anchors, required with a message that says how to make them. */}}
