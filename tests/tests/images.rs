@@ -864,3 +864,157 @@ async fn proxy_node(redirect: Option<&str>, mode: &str) {
     a.stop().await;
     cp.stop().await;
 }
+
+/// An image's files (paths without a leading `/`, directories with a trailing one) and one
+/// file's text, read from `podman export` of a container made (not started) from it.
+struct ImageFiles {
+    files: Vec<String>,
+    passwd: String,
+    path: Vec<String>,
+    entrypoint: Vec<String>,
+}
+
+fn image_files(images: &Images, image: &str) -> ImageFiles {
+    let reference = &images.refs[image];
+    let mut create = vec!["create".to_string()];
+    create.extend(images.engine.iter().cloned());
+    create.push(reference.clone());
+    let out = podman(&create);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let archive = dir.path().join("image.tar");
+    let exported = podman(&[
+        "export".into(),
+        "-o".into(),
+        archive.display().to_string(),
+        id.clone(),
+    ]);
+    let _ = podman(&["rm".into(), "-f".into(), id]);
+    assert!(
+        exported.status.success(),
+        "{}",
+        String::from_utf8_lossy(&exported.stderr)
+    );
+    let tar = |args: &[&str]| {
+        let out = Command::new("tar")
+            .args(args)
+            .arg("-f")
+            .arg(&archive)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let files = tar(&["-t"])
+        .lines()
+        .map(|l| l.trim_start_matches("./").to_string())
+        .collect();
+    let passwd = tar(&["-xO", "etc/passwd"]);
+    let inspect = podman(&[
+        "image".into(),
+        "inspect".into(),
+        "--format".into(),
+        "{{json .Config}}".into(),
+        reference.clone(),
+    ]);
+    let config: Value = serde_json::from_slice(&inspect.stdout).unwrap();
+    let path = config["Env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e.as_str()?.strip_prefix("PATH="))
+        .flat_map(|p| p.split(':').map(str::to_string))
+        .collect();
+    let entrypoint = serde_json::from_value(config["Entrypoint"].clone()).unwrap();
+    ImageFiles {
+        files,
+        passwd,
+        path,
+        entrypoint,
+    }
+}
+
+impl ImageFiles {
+    fn has(&self, path: &str) -> bool {
+        let p = path.trim_start_matches('/');
+        self.files.iter().any(|f| f == p)
+    }
+
+    /// Where `name` resolves: itself when absolute, else the first match on the image's PATH.
+    fn which(&self, name: &str) -> Option<String> {
+        if name.starts_with('/') {
+            return self.has(name).then(|| name.to_string());
+        }
+        self.path
+            .iter()
+            .map(|dir| format!("{}/{name}", dir.trim_end_matches('/')))
+            .find(|p| self.has(p))
+    }
+}
+
+/// The chart and the Dockerfile cannot drift apart: what the chart runs is in the image,
+/// what it runs as is a user of the image, and no mount hides a file of the image.
+#[test]
+fn the_images_hold_what_the_chart_names() {
+    let images = images();
+    let chart = rendered();
+    for image in ["control", "proxy", "cni"] {
+        let rt = &chart[image]["runtime"];
+        let files = image_files(&images, image);
+        // The chart's command, or else the image's ENTRYPOINT, is a file of the image.
+        let command: Vec<String> = match rt["command"].as_array() {
+            Some(c) => c.iter().map(|s| s.as_str().unwrap().to_string()).collect(),
+            None => files.entrypoint.clone(),
+        };
+        assert!(
+            files.which(&command[0]).is_some(),
+            "{image}: {} is not in the image (PATH {:?})",
+            command[0],
+            files.path
+        );
+        // What the binary runs: the proxy's nftables redirection runs `nft -j`.
+        if image == "proxy" {
+            assert!(
+                files.which("nft").is_some(),
+                "proxy: no nft on the image's PATH {:?}",
+                files.path
+            );
+        }
+        // No shell, no package manager.
+        for tool in ["sh", "bash", "apt-get", "dpkg"] {
+            assert!(files.which(tool).is_none(), "{image}: the image has {tool}");
+        }
+        // A non-root user of the chart's is one the image knows (its files are owned so).
+        if let Some(uid) = rt["user"].as_u64().filter(|u| *u != 0) {
+            assert!(
+                files
+                    .passwd
+                    .lines()
+                    .any(|l| l.split(':').nth(2) == Some(&uid.to_string())),
+                "{image}: the chart runs it as {uid}, not in the image's /etc/passwd:\n{}",
+                files.passwd
+            );
+        }
+        // A mount hides what the image has at its path.
+        for m in rt["mounts"].as_array().unwrap() {
+            let at = m["mountPath"]
+                .as_str()
+                .unwrap()
+                .trim_start_matches('/')
+                .trim_end_matches('/');
+            let hidden: Vec<&String> = files
+                .files
+                .iter()
+                .filter(|f| f.starts_with(&format!("{at}/")) && !f.ends_with('/'))
+                .collect();
+            assert!(
+                hidden.is_empty(),
+                "{image}: the chart's mount {at} hides the image's {hidden:?}"
+            );
+        }
+    }
+}
