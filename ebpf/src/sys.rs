@@ -203,7 +203,7 @@ pub fn own_cgroup_id() -> io::Result<u64> {
         .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", dir.display())))
 }
 
-/// This process's cgroup v2 directory, under the cgroup2 mount as this process sees it.
+/// This process's cgroup v2 directory, under a cgroup2 mount as this process sees it.
 pub fn own_cgroup_dir() -> io::Result<std::path::PathBuf> {
     let cgroups = std::fs::read_to_string("/proc/self/cgroup")?;
     let path = cgroups
@@ -216,24 +216,75 @@ pub fn own_cgroup_dir() -> io::Result<std::path::PathBuf> {
             )
         })?;
     let mounts = std::fs::read_to_string("/proc/self/mountinfo")?;
-    // `<id> <parent> <dev> <root> <mount point> … - cgroup2 …`
-    let (root, mount) = mounts
+    let candidates = cgroup_dirs(path, &mounts);
+    candidates.iter().find(|d| d.is_dir()).cloned().ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::NotFound,
+            format!(
+                "cgroup {path} (/proc/self/cgroup) is under no cgroup2 mount of /proc/self/mountinfo \
+                 (tried {candidates:?}): mount the host's cgroup2 hierarchy, or this process's part of it"
+            ),
+        )
+    })
+}
+
+/// Where cgroup `path` (as `/proc/self/cgroup` has it) would be, under each cgroup2 mount
+/// of `mountinfo` whose root holds it, in mount order. A container has its own cgroup2
+/// mount and often the host's too (a hostPath): with a cgroup namespace of its own, its
+/// cgroup is `/`, its own mount's root is `/`, and the host's mount's root reads `/..`
+/// (outside the namespace), so only its own holds it; a bind of a part of the hierarchy
+/// (root `/a/b`) holds only what is under `/a/b`.
+fn cgroup_dirs(path: &str, mountinfo: &str) -> Vec<std::path::PathBuf> {
+    use std::path::Path;
+    mountinfo
         .lines()
         .filter_map(|l| l.split_once(" - "))
         .filter(|(_, fs)| fs.starts_with("cgroup2 "))
-        .find_map(|(fields, _)| {
+        .filter_map(|(fields, _)| {
+            // `<id> <parent> <dev> <root> <mount point> …`
             let mut f = fields.split(' ');
-            Some((f.nth(3)?.to_string(), f.next()?.to_string()))
+            let (root, mount) = (f.nth(3)?, f.next()?);
+            let relative = Path::new(path).strip_prefix(root).ok()?;
+            Some(Path::new(mount).join(relative))
         })
-        .ok_or_else(|| {
-            io::Error::new(
-                io::ErrorKind::NotFound,
-                "no cgroup2 mount in /proc/self/mountinfo",
-            )
-        })?;
-    let relative = path
-        .strip_prefix(root.as_str())
-        .unwrap_or(path)
-        .trim_start_matches('/');
-    Ok(std::path::Path::new(&mount).join(relative))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cgroup_dirs;
+    use std::path::PathBuf;
+
+    fn line(root: &str, at: &str) -> String {
+        format!("30 20 0:26 {root} {at} rw,nosuid - cgroup2 cgroup2 rw\n")
+    }
+
+    #[test]
+    fn the_own_cgroup_is_found_under_the_mount_that_holds_it() {
+        // The host's view: its hierarchy at /sys/fs/cgroup.
+        let host = line("/", "/sys/fs/cgroup");
+        assert_eq!(
+            cgroup_dirs("/kubepods/pod1/c1", &host),
+            [PathBuf::from("/sys/fs/cgroup/kubepods/pod1/c1")]
+        );
+        // A container with a cgroup namespace of its own and the host's hierarchy as a
+        // hostPath listed first: only its own mount holds its cgroup.
+        let private = line("/../../..", "/host/sys/fs/cgroup") + &line("/", "/sys/fs/cgroup");
+        assert_eq!(
+            cgroup_dirs("/", &private),
+            [PathBuf::from("/sys/fs/cgroup")]
+        );
+        // A bind of part of the hierarchy: what is under it, and nothing else.
+        let part = line("/node-b", "/host/sys/fs/cgroup");
+        assert_eq!(
+            cgroup_dirs("/node-b/libpod-1", &part),
+            [PathBuf::from("/host/sys/fs/cgroup/libpod-1")]
+        );
+        assert!(cgroup_dirs("/libpod_parent/libpod-1", &part).is_empty());
+        // Component-wise: /node-bb is not under /node-b.
+        assert!(cgroup_dirs("/node-bb/x", &part).is_empty());
+        // Not cgroup2 (a v1 hierarchy of a hybrid host).
+        let v1 = "31 20 0:27 / /sys/fs/cgroup/cpu rw - cgroup cgroup rw,cpu\n";
+        assert!(cgroup_dirs("/x", v1).is_empty());
+    }
 }
