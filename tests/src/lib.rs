@@ -7,6 +7,7 @@
 //! - [`http_get`]: a minimal HTTP/1.1 GET for the admin endpoints.
 //! - [`cni`]: a CNI runtime's side: nodes, their CNI directories, pods wired by the real
 //!   plugins chained with `ambit-cni`.
+//! - [`images`]: the chart's images run as the chart runs them (podman).
 //! - [`netns`]: pods as network namespaces on a bridge, removed on drop; redirect rules.
 //! - [`policy`]: the policy stream read as a node proxy reads it, and its rules compared.
 
@@ -15,6 +16,7 @@
 pub mod binary;
 pub mod cni;
 pub mod discovery;
+pub mod images;
 pub mod kube;
 pub mod load;
 pub mod netns;
