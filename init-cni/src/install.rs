@@ -5,10 +5,14 @@
 //! `.conflist`. With `--watch` it keeps checking, and chains the plugin again when the
 //! primary CNI rewrites its file. `uninstall` takes the entry and the binary out.
 //!
-//! The installer does not remove the plugin when it stops: new meshed pods on a node
-//! whose proxy is away then fail to start rather than start unprotected (fail closed).
-//! Uninstalling is an explicit step (the chart's pre-delete hook).
+//! When it stops, the installer takes the plugin out only if its DaemonSet
+//! (`--owner-daemonset`) is gone or being deleted — `helm uninstall` — so that the node
+//! keeps starting pods without Ambit ([`crate::owner`]). An update, a restart or an
+//! answer it cannot get leave the plugin chained: new meshed pods on a node whose proxy
+//! is away then fail to start rather than start unprotected (fail closed).
+//! `ambit-cni uninstall` takes it out by hand.
 
+use crate::owner::{self, Lifecycle, Owner};
 use serde_json::{json, Map, Value};
 use std::io;
 use std::path::{Path, PathBuf};
@@ -25,6 +29,10 @@ pub mod env {
     pub const CNI_CONF_DIR: &str = "AMBIT_CNI_CONF_DIR";
     /// The node proxy's socket, written into the plugin's entry.
     pub const CNI_SOCKET: &str = "AMBIT_CNI_SOCKET";
+    /// The DaemonSet that runs the installer, `NAMESPACE/NAME`.
+    pub const OWNER_DAEMONSET: &str = "AMBIT_CNI_OWNER_DAEMONSET";
+    /// Where the in-cluster ServiceAccount token and CA are.
+    pub const KUBE_CREDENTIALS: &str = "AMBIT_CNI_KUBE_CREDENTIALS";
 }
 
 /// Why installing failed.
@@ -259,6 +267,15 @@ enum Command {
         /// How often `--watch` looks.
         #[arg(long, default_value = "2s", value_parser = ambit_api::duration::parse_duration)]
         watch_interval: Duration,
+        /// The DaemonSet that runs this installer (NAMESPACE/NAME). When `--watch` stops,
+        /// the API server is asked: the DaemonSet gone or being deleted (`helm
+        /// uninstall`) takes the plugin out as `uninstall` does; still there (an update, a
+        /// restart) or no answer leaves it chained. Without it, it always stays.
+        #[arg(long, env = env::OWNER_DAEMONSET)]
+        owner_daemonset: Option<Owner>,
+        /// Where the in-cluster ServiceAccount `token` and `ca.crt` are.
+        #[arg(long, env = env::KUBE_CREDENTIALS, default_value = owner::CREDENTIALS_DIR)]
+        kube_credentials: PathBuf,
     },
     /// Take the plugin out of the network configuration and remove the binary.
     Uninstall {
@@ -279,13 +296,20 @@ pub fn main() -> i32 {
             exclude_namespaces,
             watch,
             watch_interval,
+            owner_daemonset,
+            kube_credentials,
         } => {
             if let Err(e) = ambit_api::duration::parse_duration(&timeout) {
                 eprintln!("ambit-cni install: --timeout {timeout:?}: {e}");
                 return 2;
             }
+            if owner_daemonset.is_some() && !watch {
+                eprintln!("ambit-cni install: --owner-daemonset needs --watch (it acts when the installer stops)");
+                return 2;
+            }
             let entry = plugin_entry(&socket, &timeout, &exclude_namespaces);
-            install(&dirs, &entry, watch, watch_interval)
+            let owner = owner_daemonset.map(|o| (o, kube_credentials));
+            install(&dirs, &entry, watch, watch_interval, owner.as_ref())
         }
         Command::Uninstall { dirs } => uninstall(&dirs),
     };
@@ -303,6 +327,7 @@ fn install(
     entry: &Value,
     watch: bool,
     interval: Duration,
+    owner: Option<&(Owner, PathBuf)>,
 ) -> Result<(), InstallError> {
     let stop = if watch { Some(stop_signals()?) } else { None };
     let me = std::env::current_exe().map_err(io_err("finding this executable".into()))?;
@@ -321,10 +346,7 @@ fn install(
             return Ok(());
         };
         if stop.recv_timeout(interval).is_ok() {
-            eprintln!(
-                "ambit-cni: stopping (the plugin stays chained; `ambit-cni uninstall` removes it)"
-            );
-            return Ok(());
+            return stopping(dirs, owner);
         }
     }
 }
@@ -354,6 +376,52 @@ fn stop_signals() -> Result<std::sync::mpsc::Receiver<()>, InstallError> {
     Ok(rx)
 }
 
+/// How long the API server has to answer when the installer stops (twice, within the
+/// pod's grace period).
+const OWNER_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The installer is stopping: uninstalls if its DaemonSet is gone or being deleted.
+fn stopping(dirs: &Dirs, owner: Option<&(Owner, PathBuf)>) -> Result<(), InstallError> {
+    let stays = "the plugin stays chained; `ambit-cni uninstall` removes it";
+    let Some((owner, credentials)) = owner else {
+        eprintln!("ambit-cni: stopping ({stays})");
+        return Ok(());
+    };
+    let ask = || {
+        let api = owner::ApiServer::in_cluster(credentials)?;
+        owner::lifecycle(&api, owner, OWNER_TIMEOUT)
+    };
+    // One retry: an API server restarting, a connection cut.
+    let answer = ask().or_else(|e| {
+        eprintln!("ambit-cni: asking for DaemonSet {owner}: {e}; asking again");
+        std::thread::sleep(Duration::from_secs(1));
+        ask()
+    });
+    match answer {
+        Ok(Lifecycle::Present) => {
+            eprintln!(
+                "ambit-cni: stopping; DaemonSet {owner} is still there (an update or a restart): {stays}"
+            );
+            Ok(())
+        }
+        Ok(gone @ (Lifecycle::Gone | Lifecycle::Deleting)) => {
+            let how = if gone == Lifecycle::Gone {
+                "gone"
+            } else {
+                "being deleted"
+            };
+            eprintln!("ambit-cni: stopping; DaemonSet {owner} is {how} (an uninstall): taking the plugin out");
+            uninstall(dirs)
+        }
+        Err(e) => {
+            eprintln!(
+                "ambit-cni: stopping; cannot tell an uninstall from an update ({e}): {stays} (fail closed)"
+            );
+            Ok(())
+        }
+    }
+}
+
 fn uninstall(dirs: &Dirs) -> Result<(), InstallError> {
     if let Change::Written(path) = unchain(&dirs.cni_conf_dir)? {
         eprintln!("ambit-cni: removed from {}", path.display());
@@ -364,7 +432,11 @@ fn uninstall(dirs: &Dirs) -> Result<(), InstallError> {
             what: format!("removing {}", bin.display()),
             source: e,
         }),
-        _ => Ok(()),
+        Err(_) => Ok(()),
+        Ok(()) => {
+            eprintln!("ambit-cni: removed {}", bin.display());
+            Ok(())
+        }
     }
 }
 

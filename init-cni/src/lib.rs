@@ -9,6 +9,8 @@
 //!   descriptor.
 //! - [`install`]: copying the binary and chaining the plugin into the primary network's
 //!   configuration, keeping it there, and taking it out again.
+//! - [`owner`]: whether the installer's DaemonSet is being deleted (`helm uninstall`)
+//!   or not (an update), asked of the API server when the installer stops.
 //!
 //! The plugin stays thin: whether a pod is meshed is the node proxy's answer (it has the
 //! control plane's view); ADD returns only once the proxy has the pod's listeners and
@@ -18,6 +20,7 @@
 pub mod client;
 pub mod conf;
 pub mod install;
+pub mod owner;
 pub mod plugin;
 
 use serde::Serialize;

@@ -212,6 +212,40 @@ def test_rbac_is_list_and_watch_of_what_is_indexed_and_token_reviews(pki):
     assert all(not (v & writes) for k, v in verbs.items() if k[1] != "tokenreviews")
 
 
+def test_uninstall_on_delete_gives_the_cni_installer_alone_a_token_to_get_its_daemonset(pki):
+    objects = render(AMBIT, sample_values(pki))
+    spec = find(objects, "DaemonSet", "ambit-proxy")["spec"]["template"]["spec"]
+    assert spec["automountServiceAccountToken"] is False
+    cni = chartlib.container(objects, "DaemonSet", "ambit-proxy", "ambit-cni")
+    args = cni["args"]
+    assert args[args.index("--owner-daemonset") + 1] == "ambit/ambit-proxy"
+    sa_dir = "/var/run/secrets/kubernetes.io/serviceaccount"
+    assert {"name": "kube-api-access", "mountPath": sa_dir, "readOnly": True} in cni["volumeMounts"]
+    # The proxy itself gets no API token.
+    proxy = chartlib.container(objects, "DaemonSet", "ambit-proxy", "ambit-proxy")
+    assert not [m for m in proxy["volumeMounts"] if m["name"] == "kube-api-access"]
+    volume = next(v for v in spec["volumes"] if v["name"] == "kube-api-access")
+    sources = volume["projected"]["sources"]
+    assert sources[0]["serviceAccountToken"]["path"] == "token"
+    assert "audience" not in sources[0]["serviceAccountToken"]  # the API server's own
+    assert sources[1]["configMap"] == {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}
+    role = find(objects, "Role", "ambit-cni")
+    assert role["metadata"]["namespace"] == "ambit"
+    assert role["rules"] == [{"apiGroups": ["apps"], "resources": ["daemonsets"],
+                              "resourceNames": ["ambit-proxy"], "verbs": ["get"]}]
+    binding = find(objects, "RoleBinding", "ambit-cni")
+    assert binding["roleRef"]["name"] == "ambit-cni"
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "ambit-proxy", "namespace": "ambit"}]
+
+    off = render(AMBIT, sample_values(pki, cni={"uninstallOnDelete": False}))
+    assert not [o for o in off if o["kind"] in ("Role", "RoleBinding")]
+    cni = chartlib.container(off, "DaemonSet", "ambit-proxy", "ambit-cni")
+    assert "--owner-daemonset" not in cni["args"]
+    assert not [m for m in cni["volumeMounts"] if m["name"] == "kube-api-access"]
+    spec = find(off, "DaemonSet", "ambit-proxy")["spec"]["template"]["spec"]
+    assert not [v for v in spec["volumes"] if v["name"] == "kube-api-access"]
+
+
 def test_pod_monitor_is_optional_and_selects_both_admin_ports(pki):
     assert not [o for o in render(AMBIT, sample_values(pki)) if o["kind"] == "PodMonitor"]
     objects = render(AMBIT, sample_values(pki, podMonitor={"enabled": True, "labels": {"release": "prom"}}))

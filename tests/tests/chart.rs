@@ -212,8 +212,17 @@ async fn the_binaries_run_with_what_the_chart_renders() {
     .unwrap();
     let args: Vec<String> = serde_json::from_value(cni["args"].clone()).unwrap();
     assert_eq!(args[..2], ["install".to_string(), "--watch".to_string()]);
+    // Once, not watching: without --watch, --owner-daemonset (what the installer does when
+    // it stops, tests/images.rs) goes too.
+    let owner = args.iter().position(|a| a == "--owner-daemonset").unwrap();
+    assert_eq!(args[owner + 1], "ambit/ambit-proxy", "{args:?}");
     let mut installer = Command::new(CNI);
-    installer.args(args.iter().filter(|a| *a != "--watch"));
+    installer.args(
+        args.iter()
+            .enumerate()
+            .filter(|(i, a)| *a != "--watch" && *i != owner && *i != owner + 1)
+            .map(|(_, a)| a),
+    );
     for (name, value) in cni["env"].as_object().unwrap() {
         let value = value.as_str().unwrap();
         let local = match name.as_str() {

@@ -11,13 +11,17 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure
 
+const CNI: &str = env!("CARGO_BIN_EXE_ambit-cni-e2e");
+
+use ambit_e2e::cni::Cluster;
 use ambit_e2e::images::files::image_files;
 use ambit_e2e::images::mounts::{CgroupParent, SharedMount};
 use ambit_e2e::images::run::{run_as_chart, Source};
-use ambit_e2e::images::{get_in, images, rendered, until};
+use ambit_e2e::images::{get_in, images, rendered, until, Container};
+use ambit_e2e::kube::{FakeKube, ResourceType};
 use ambit_e2e::netns::Topology;
 use ambit_proxy::netns::Netns;
-use serde_json::Value;
+use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
@@ -135,6 +139,7 @@ async fn the_cni_image_installs_and_rechains_the_plugin_as_the_chart_runs_it() {
     let sources = BTreeMap::from([
         ("cni-bin", Source::Dir(bin.clone())),
         ("cni-conf", Source::Dir(conf.clone())),
+        ("kube-api-access", api_access("unused", "unused")),
     ]);
     let c = run_as_chart(
         &images,
@@ -182,7 +187,163 @@ async fn the_cni_image_installs_and_rechains_the_plugin_as_the_chart_runs_it() {
         chained,
     )
     .await;
+    // No API server to ask (--network none): it cannot tell an uninstall from an update,
+    // and the plugin stays.
     assert_eq!(c.stop(), 0, "SIGTERM ends it cleanly:\n{}", c.logs());
+    assert!(chained().await.unwrap(), "{}", c.logs());
+    assert!(
+        c.logs().contains("cannot tell an uninstall from an update"),
+        "{}",
+        c.logs()
+    );
+}
+
+/// The ServiceAccount volume the kubelet projects (what `automountServiceAccountToken`
+/// would mount), with `token` and the API server's CA.
+fn api_access(token: &str, ca_pem: &str) -> Source {
+    Source::Files(vec![
+        ("token", token.to_string()),
+        ("ca.crt", ca_pem.to_string()),
+        ("namespace", "ambit".to_string()),
+    ])
+}
+
+/// Issue 26: `helm uninstall` leaves every node able to start pods. The chart's CNI
+/// installer, run as the chart runs it against a node of the CNI cluster (the real
+/// `bridge` chain) and a fake API server, asks when it stops whether its DaemonSet is
+/// being deleted. Still there (a rolling update) or no answer (RBAC refuses it): the
+/// plugin stays, and a meshed pod cannot start without its proxy (fail closed). Deleted
+/// (helm's background deletion: 404) or being deleted (foreground: `deletionTimestamp`):
+/// the plugin leaves the chain and the binary the node, and a pod ADD through the primary
+/// CNI succeeds with no `ambit-cni` in the chain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn helm_uninstall_takes_the_plugin_out_of_the_node_and_an_update_does_not() {
+    let images = images();
+    let chart = rendered();
+    let cni = &chart["cni"];
+    let cluster = Cluster::new("uninst", &["node-a", "node-b"], Path::new(CNI));
+    let node = cluster.node("node-a");
+    let kube = FakeKube::start().await;
+    kube.register(ResourceType::new(
+        "apps",
+        "v1",
+        "DaemonSet",
+        "daemonsets",
+        true,
+    ));
+    let daemonset = |deleting: bool| {
+        let mut ds = json!({
+            "apiVersion": "apps/v1", "kind": "DaemonSet",
+            "metadata": {"name": "ambit-proxy", "namespace": "ambit"},
+            "spec": {"selector": {"matchLabels": {"app.kubernetes.io/name": "ambit-proxy"}}},
+        });
+        if deleting {
+            ds["metadata"]["deletionTimestamp"] = json!("2026-12-07T06:00:00Z");
+            ds["metadata"]["finalizers"] = json!(["foregroundDeletion"]);
+        }
+        ds
+    };
+    kube.apply(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "ambit"}}));
+    kube.apply(daemonset(false));
+    let args: Vec<String> = serde_json::from_value(cni["args"].clone()).unwrap();
+    let socket = args[args.iter().position(|a| a == "--socket").unwrap() + 1].clone();
+    let list = node.conf_dir.join("10-podnet.conflist");
+    let ours = || -> Option<Value> {
+        let v: Value = serde_json::from_str(&std::fs::read_to_string(&list).ok()?).ok()?;
+        v["plugins"]
+            .as_array()?
+            .iter()
+            .find(|p| p["type"] == "ambit-cni")
+            .cloned()
+    };
+    let installed = || node.bin_dir.join("ambit-cni").exists();
+    let port = kube.addr().port().to_string();
+    let installer = || {
+        let scratch = tempfile::tempdir().unwrap();
+        let sources = BTreeMap::from([
+            ("cni-bin", Source::Dir(node.bin_dir.clone())),
+            ("cni-conf", Source::Dir(node.conf_dir.clone())),
+            (
+                "kube-api-access",
+                api_access(kube.control_token(), kube.ca_pem()),
+            ),
+        ]);
+        let env = [
+            ("KUBERNETES_SERVICE_HOST", "127.0.0.1".to_string()),
+            ("KUBERNETES_SERVICE_PORT", port.clone()),
+        ];
+        let flags = ["--network".to_string(), "host".to_string()];
+        let c = run_as_chart(&images, "cni", cni, sources, scratch.path(), &env, &flags);
+        (c, scratch)
+    };
+    let chained_by_the_image = async |c: &Container| {
+        let what = "the image's installer chained the plugin";
+        until(c, what, Duration::from_secs(60), async || {
+            Ok(ours().is_some_and(|p| p["socket"] == socket.as_str()) && installed())
+        })
+        .await;
+    };
+
+    // A rolling update: the DaemonSet is there when its pod stops.
+    let (c, _scratch) = installer();
+    chained_by_the_image(&c).await;
+    assert_eq!(c.stop(), 0, "{}", c.logs());
+    assert!(c.logs().contains("is still there"), "{}", c.logs());
+    assert!(ours().is_some() && installed(), "{}", c.logs());
+    let refused = cluster.add_pod("node-a", "shop", "web", 10).unwrap_err();
+    assert!(
+        refused.contains("ambit-cni ADD"),
+        "a meshed pod waits for its proxy: {refused}"
+    );
+
+    // RBAC refuses the question: no answer, the plugin stays (fail closed).
+    kube.forbid("daemonsets");
+    let (c, _scratch) = installer();
+    chained_by_the_image(&c).await;
+    assert_eq!(c.stop(), 0, "{}", c.logs());
+    let logs = c.logs();
+    assert!(
+        logs.contains("cannot tell an uninstall from an update") && logs.contains("403"),
+        "{logs}"
+    );
+    assert!(ours().is_some() && installed(), "{logs}");
+    kube.allow("daemonsets");
+
+    // `helm uninstall --cascade foreground`: the DaemonSet is being deleted.
+    let (c, _scratch) = installer();
+    chained_by_the_image(&c).await;
+    kube.apply(daemonset(true));
+    assert_eq!(c.stop(), 0, "{}", c.logs());
+    assert!(
+        c.logs().contains("is being deleted (an uninstall)"),
+        "{}",
+        c.logs()
+    );
+    assert_eq!(ours(), None, "{}", c.logs());
+    assert!(!installed(), "{}", c.logs());
+
+    // `helm uninstall` (background deletion): the DaemonSet is gone when its pod stops.
+    kube.apply(daemonset(false));
+    let (c, _scratch) = installer();
+    chained_by_the_image(&c).await;
+    assert!(kube.delete("DaemonSet", "ambit", "ambit-proxy"));
+    assert_eq!(c.stop(), 0, "{}", c.logs());
+    assert!(c.logs().contains("is gone (an uninstall)"), "{}", c.logs());
+    assert_eq!(ours(), None, "{}", c.logs());
+    assert!(!installed(), "{}", c.logs());
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&list).unwrap()).unwrap();
+    assert_eq!(v["plugins"].as_array().unwrap().len(), 1, "{v}");
+
+    // The node starts pods again, through the primary CNI alone.
+    let pod = cluster
+        .add_pod("node-a", "shop", "web", 11)
+        .unwrap_or_else(|e| panic!("a pod ADD after the uninstall: {e}"));
+    assert_eq!(pod.results.len(), 1, "{:?}", pod.results);
+    let ip = pod.results[0]["ips"][0]["address"].as_str().unwrap();
+    assert!(ip.starts_with("10.78."), "{:?}", pod.results);
+    cluster.del_pod(&pod).unwrap();
+    // Each stop asked; the refused one asked twice.
+    assert_eq!(kube.requests("get", "daemonsets"), 5);
 }
 
 const WEB_ID: &str = "spiffe://cluster.local/ns/shop/sa/web";
