@@ -11,14 +11,17 @@
 //! - `edges`: who talks to whom, with the identities and whether the hop was mTLS
 //!   (`ambit edges`).
 //! - `demo`: the whole mesh on this machine, with a sample application (`ambit demo`).
+//! - `version`: this client's version and the node proxies' (`ambit version`);
+//!   `ambit completion SHELL` prints a shell completion script.
 
 mod check;
 mod demo;
 mod edges;
 mod pki;
 mod stat;
+mod version;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -69,6 +72,22 @@ enum Command {
     /// and a sample application with load (`up`, `down`, `exec`); alone, `up`, a refreshing
     /// `ambit stat` until Ctrl-C, then `down`.
     Demo(demo::DemoArgs),
+    /// This client's version and each node proxy's (its `proxy_build_info`), as `linkerd
+    /// version`; `--client` for this client's alone.
+    Version {
+        #[command(flatten)]
+        args: version::VersionArgs,
+        #[command(flatten)]
+        kube: stat::kube::KubeArgs,
+    },
+    /// Print a completion script: `source <(ambit completion bash)`, or save it where the
+    /// shell loads completions (bash: /etc/bash_completion.d/ambit; zsh: a `_ambit` file
+    /// on $fpath; fish: ~/.config/fish/completions/ambit.fish).
+    Completion {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -80,6 +99,11 @@ fn main() -> anyhow::Result<()> {
         }
         Command::Stat { args, kube } => stat::run(args, &kube),
         Command::Edges { args, kube } => edges::run(args, &kube),
+        Command::Version { args, kube } => version::run(args, &kube),
+        Command::Completion { shell } => {
+            clap_complete::generate(shell, &mut Cli::command(), "ambit", &mut std::io::stdout());
+            Ok(())
+        }
         Command::Demo(args) => {
             let code = demo::run(args)?;
             std::process::exit(code)

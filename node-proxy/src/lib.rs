@@ -19,6 +19,7 @@
 //!   (`/config_dump`, `/log-level`, `/shutdown`).
 //! - [`logging`]: a log filter changeable at run time.
 //! - [`limits`]: connection budgets per pod and per node, out of the descriptor limit.
+//! - [`build_info`]: `proxy_build_info`, the build's version in the metrics.
 //! - [`pods`]: the pod lifecycle — which local pods are served, and how each one ends
 //!   (redirection removed, or kept and failing closed).
 //! - [`policy`]: the inbound policy the control plane streams, and matching a client
@@ -33,6 +34,7 @@
 
 pub mod admin;
 pub mod app;
+pub mod build_info;
 pub mod cni;
 pub mod config;
 pub mod config_dump;
