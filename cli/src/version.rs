@@ -1,7 +1,7 @@
 //! `ambit version`: this client's version and each node proxy's (its `proxy_build_info`),
 //! as `linkerd version` prints the client's and the control plane's. A proxy that does not
-//! answer is named with why; a proxy on another version than the client is what
-//! `ambit check --proxy` flags.
+//! answer is named with why, and one on another version than the client is marked
+//! (`ambit check --proxy` compares each proxy with the control plane's version).
 
 use crate::stat::kube::KubeArgs;
 use crate::stat::parse::Sample;
