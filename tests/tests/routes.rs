@@ -349,7 +349,7 @@ async fn routes_split_retry_time_out_and_eject() {
         metric_sum(
             &metrics,
             "outbound_http_route_request_statuses_total",
-            &["status=\"503\"", "parent_name=\"web\""]
+            &["http_status=\"503\"", "parent_name=\"web\""]
         ) >= 300,
         "{metrics}"
     );
@@ -549,8 +549,8 @@ async fn a_grpc_route_retries_unavailable_and_counts_grpc_statuses() {
             &[&route[..], &[status]].concat(),
         )
     };
-    assert!(statuses("status=\"0\"") >= 2, "{metrics}");
-    assert!(statuses("status=\"14\"") >= 1, "{metrics}");
+    assert!(statuses("grpc_status=\"0\"") >= 2, "{metrics}");
+    assert!(statuses("grpc_status=\"14\"") >= 1, "{metrics}");
     assert!(
         metric_sum(
             &metrics,

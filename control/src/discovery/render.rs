@@ -33,6 +33,7 @@ pub(super) fn workload(index: &ClusterIndex, w: &Workload) -> pb::Workload {
         skip_inbound_ports: ranges(&hints.skip_inbound),
         skip_outbound_ports: ranges(&hints.skip_outbound),
         workload: w.pod.workload.clone(),
+        workload_kind: w.pod.workload_kind.clone(),
         ready: w.pod.ready,
     }
 }
@@ -88,5 +89,7 @@ pub(super) fn endpoint(ep: &EndpointInfo, pod: Option<&pb::Workload>) -> pb::End
             .or_else(|| pod.map(|p| format!("{}/{}", p.namespace, p.name)))
             .unwrap_or_default(),
         opaque_ports: pod.map(|p| p.opaque_ports.clone()).unwrap_or_default(),
+        workload: pod.map(|p| p.workload.clone()).unwrap_or_default(),
+        workload_kind: pod.map(|p| p.workload_kind.clone()).unwrap_or_default(),
     }
 }

@@ -36,6 +36,8 @@ pub struct PodInfo {
     /// The workload the pod belongs to, for metrics: its controller's name (a
     /// Deployment's, for a pod of a ReplicaSet), else the pod's own name.
     pub workload: String,
+    /// The workload's kind (`Deployment`, `StatefulSet`, ..., `Pod` without a controller).
+    pub workload_kind: String,
     /// Local mode: the pod's network namespace, from the `local.ambit.dev/netns` annotation.
     pub netns: Option<String>,
     /// The kubelet's HTTP probes: port → paths (they stay authorized under any policy).

@@ -14,7 +14,7 @@ mod subscriptions;
 pub use client::{DiscoveryClient, DiscoveryMetrics};
 pub use state::{
     Destination, DiscoveryState, Endpoint, InvalidResource, Lookup, Resolution, Service,
-    ServicePort, Workload,
+    PodRef, ServicePort, Workload,
 };
 pub use subscriptions::{
     sweep, SubscriptionMetrics, Subscriptions, Target, WaitError, DEFAULT_IDLE_TIMEOUT,

@@ -37,6 +37,9 @@ pub struct Workload {
     pub skip_outbound_ports: PortSet,
     /// Workload name for metrics.
     pub workload: String,
+    /// Its kind (`Deployment`, `StatefulSet`, ..., `Pod`; empty from an older control
+    /// plane).
+    pub workload_kind: String,
     /// Ready condition.
     pub ready: bool,
 }
@@ -74,6 +77,33 @@ pub struct Endpoint {
     pub pod: Option<String>,
     /// Its pod's opaque ports (connections to them skip protocol detection).
     pub opaque_ports: PortSet,
+    /// Its pod as metrics name it (`dst_pod`, `dst_<kind>`), when it is one.
+    pub workload: Option<Arc<PodRef>>,
+}
+
+/// A pod as metrics name it: made once per endpoint, shared by every series.
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+pub struct PodRef {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub pod: String,
+    /// Its workload ("" when the control plane did not say).
+    pub workload: String,
+    /// The workload's kind (`Deployment`, ..., `Pod`).
+    pub workload_kind: String,
+}
+
+impl PodRef {
+    /// The pod `w`.
+    pub fn of(w: &Workload) -> Self {
+        Self {
+            namespace: w.namespace.clone(),
+            pod: w.name.clone(),
+            workload: w.workload.clone(),
+            workload_kind: w.workload_kind.clone(),
+        }
+    }
 }
 
 /// A Service.
@@ -183,6 +213,7 @@ fn workload(w: pb::Workload) -> Result<Workload, String> {
         node: w.node,
         meshed: w.meshed,
         workload: w.workload,
+        workload_kind: w.workload_kind,
         ready: w.ready,
     })
 }
@@ -209,6 +240,14 @@ fn endpoint(e: pb::Endpoint) -> Result<Endpoint, String> {
             None
         },
         node: e.node,
+        workload: e.pod.split_once('/').map(|(namespace, pod)| {
+            Arc::new(PodRef {
+                namespace: namespace.to_string(),
+                pod: pod.to_string(),
+                workload: e.workload,
+                workload_kind: e.workload_kind,
+            })
+        }),
         pod: (!e.pod.is_empty()).then_some(e.pod),
         opaque_ports: ports(&e.opaque_ports),
     })

@@ -7,7 +7,7 @@ use super::balance::Pick;
 use super::body::{self, Body};
 use super::detect::{Protocol, Rewind};
 use super::http_metrics::ConnectionSeries;
-use super::metrics::TrafficLabels;
+use super::metrics::{DstService, TrafficLabels};
 use super::resolve::{settle_response, Resolved};
 use super::route_metrics::RouteCache;
 use super::tunnel::Tunnel;
@@ -88,18 +88,24 @@ pub fn error_response(e: &ProxyError) -> Response<Body> {
 /// have stopped, before it is closed (its next response says `connection: close` anyway).
 pub const DRAIN_IDLE: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// Serves an application connection detected as HTTP until it closes.
+/// Serves an application connection detected as HTTP until it closes; it counts in the
+/// TCP metrics as any connection does, to `dst_service` (what `dst` resolved to when it
+/// was opened; the hop's `tls` is each request's, not the connection's).
 pub(super) async fn serve_outbound(
     io: Rewind<TcpStream>,
     proto: Protocol,
     dst: SocketAddr,
+    dst_service: DstService,
     pod: Arc<PodContext>,
     shared: Arc<Shared>,
 ) {
     let metrics = shared.metrics.clone();
+    let mut tcp = TrafficLabels::outbound(&pod.workload, String::new(), dst_service);
+    tcp.tls = String::new();
+    metrics.opened(&tcp);
     let shared_idle = shared.http_idle_timeout;
     let stall = super::write_stall_limit(&shared);
-    let labels = TrafficLabels::outbound(&pod.workload, String::new(), String::new());
+    let labels = TrafficLabels::outbound(&pod.workload, String::new(), DstService::default());
     let conn = Arc::new(ConnMetrics {
         series: ConnectionSeries::new(shared.http.clone(), labels),
         routes: RouteCache::default(),
@@ -178,6 +184,8 @@ pub(super) async fn serve_outbound(
             }
         }
     };
+    let (read, written) = activity.bytes();
+    metrics.closed(&tcp, read, written);
     if let Err(error) = result {
         metrics.error("outbound", "client");
         tracing::debug!(%error, "outbound HTTP connection ended with an error");
@@ -251,14 +259,14 @@ async fn route_request(
     let original = match Resolved::now(dst, shared).await {
         Ok(r) => r,
         Err(e) => {
-            let series = conn_series.get("", None);
+            let series = conn_series.get(&DstService::default(), None, None);
             series.request();
             return series.response(start.elapsed(), error_response(&e));
         }
     };
     let dst_service = original.dst_service();
     let refused = |e: ProxyError| {
-        let series = conn_series.get(&dst_service, None);
+        let series = conn_series.get(&dst_service, None, None);
         series.request();
         series.response(start.elapsed(), error_response(&e))
     };
@@ -278,7 +286,7 @@ async fn route_request(
             Ok(p) => p,
             Err(e) => return refused(e),
         };
-        let series = conn_series.get(&dst_service, target.identity.as_ref());
+        let series = conn_series.get(&dst_service, target.identity.as_ref(), target.pod.as_ref());
         series.request();
         let result =
             super::upgrade::forward(req, target.addr, target.identity.clone(), pod, shared).await;
@@ -314,13 +322,13 @@ pub(super) async fn try_once(
     pod: &PodContext,
     shared: &Shared,
     conn_series: &ConnectionSeries,
-    dst_service: &str,
+    dst_service: &DstService,
 ) -> (Response<Body>, Option<&'static str>) {
     let start = Instant::now();
     let (target, pick) = match resolved.pick(shared, &pod.workload) {
         Ok(p) => p,
         Err(e) => {
-            let series = conn_series.get(dst_service, None);
+            let series = conn_series.get(dst_service, None, None);
             series.request();
             return (
                 series.response(start.elapsed(), error_response(&e)),
@@ -328,7 +336,7 @@ pub(super) async fn try_once(
             );
         }
     };
-    let series = conn_series.get(dst_service, target.identity.as_ref());
+    let series = conn_series.get(dst_service, target.identity.as_ref(), target.pod.as_ref());
     series.request();
     let exchange = async {
         match &target.identity {
@@ -508,7 +516,7 @@ pub(super) async fn inbound_request(
     conn_series: &ConnectionSeries,
 ) -> Response<Body> {
     let w = &pod.workload;
-    let series = conn_series.get("", None);
+    let series = conn_series.get(&DstService::default(), None, None);
     series.request();
     let start = Instant::now();
     let target: Option<SocketAddr> = req

@@ -3,7 +3,8 @@
 
 use super::body::Body;
 use super::classify::{classify, GrpcCode};
-use super::metrics::TrafficLabels;
+use super::metrics::{DstService, TrafficLabels};
+use crate::discovery::PodRef;
 use ambit_api::WorkloadIdentity;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -105,10 +106,14 @@ impl HttpMetrics {
 #[derive(Debug)]
 pub struct ConnectionSeries {
     metrics: HttpMetrics,
-    /// The connection's labels; `server_id` and `dst_service` empty.
+    /// The connection's labels; `server_id`, `dst_*` empty.
     base: TrafficLabels,
-    seen: Mutex<Vec<(String, Option<WorkloadIdentity>, Series)>>,
+    seen: Mutex<Vec<(Seen, Series)>>,
 }
+
+/// What a connection's series differ by: the destination Service, the endpoint's
+/// identity and pod.
+type Seen = (DstService, Option<WorkloadIdentity>, Option<Arc<PodRef>>);
 
 /// Series a connection keeps; beyond this (a client spraying many Services over one
 /// connection), requests resolve their handles each time.
@@ -124,25 +129,36 @@ impl ConnectionSeries {
         }
     }
 
-    /// The series of requests to `dst_service` ("" when none) served by `server` (an mTLS
-    /// peer).
-    pub fn get(&self, dst_service: &str, server: Option<&WorkloadIdentity>) -> Series {
+    /// The series of requests to `dst` (empty when not a Service) served by `server`
+    /// (an mTLS peer) in `pod`.
+    pub fn get(
+        &self,
+        dst: &DstService,
+        server: Option<&WorkloadIdentity>,
+        pod: Option<&Arc<PodRef>>,
+    ) -> Series {
         let mut seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some((_, _, r)) = seen
+        let same_pod = |p: &Option<Arc<PodRef>>| match (p, pod) {
+            (None, None) => true,
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b) || a == b,
+            _ => false,
+        };
+        if let Some((_, r)) = seen
             .iter()
-            .find(|(d, s, _)| d == dst_service && s.as_ref() == server)
+            .find(|((d, s, p), _)| d == dst && s.as_ref() == server && same_pod(p))
         {
             return r.clone();
         }
         let mut labels = self.base.clone();
-        labels.dst_service = dst_service.to_string();
+        (labels.dst_namespace, labels.dst_service) = dst.clone();
+        labels.dst = pod.cloned();
         if let Some(id) = server {
             labels.server_id = id.to_string();
             labels.tls = "true".into();
         }
         let series = self.metrics.handles(labels);
         if seen.len() < MAX_SERIES {
-            seen.push((dst_service.to_string(), server.cloned(), series.clone()));
+            seen.push(((dst.clone(), server.cloned(), pod.cloned()), series.clone()));
         }
         series
     }
@@ -246,11 +262,19 @@ mod tests {
             namespace: "shop".into(),
             pod: "web-0".into(),
             workload: "web".into(),
+            workload_kind: "StatefulSet".into(),
+            identity: "spiffe://cluster.local/ns/shop/sa/web".into(),
             client_id: String::new(),
             server_id: String::new(),
             tls: "no_identity".into(),
             dst_service: String::new(),
+            dst_namespace: String::new(),
+            dst: None,
         }
+    }
+
+    fn api() -> DstService {
+        ("shop".into(), "api".into())
     }
 
     fn respond(series: &Series, status: u16, grpc: Option<&str>) {
@@ -287,7 +311,7 @@ mod tests {
         let mut r = Registry::default();
         let m = HttpMetrics::register(&mut r);
         let conn_series = ConnectionSeries::new(m.clone(), base());
-        let series = conn_series.get("", None);
+        let series = conn_series.get(&DstService::default(), None, None);
         // An upstream outside the mesh answering with a new grpc-status each time.
         for i in 0..200 {
             let junk = format!("{i}-junk");
@@ -317,19 +341,19 @@ mod tests {
         let a = WorkloadIdentity::new("cluster.local", "shop", "api").unwrap();
         let b = WorkloadIdentity::new("cluster.local", "shop", "api-canary").unwrap();
         for (svc, peer, status, grpc) in [
-            ("api.shop", Some(&a), 200, None),
-            ("api.shop", Some(&a), 200, None),
-            ("api.shop", Some(&a), 503, None),
-            ("api.shop", Some(&b), 200, Some("14")),
-            ("", None, 200, None),
+            (api(), Some(&a), 200, None),
+            (api(), Some(&a), 200, None),
+            (api(), Some(&a), 503, None),
+            (api(), Some(&b), 200, Some("14")),
+            (DstService::default(), None, 200, None),
         ] {
-            let series = conn_series.get(svc, peer);
+            let series = conn_series.get(&svc, peer, None);
             series.request();
             respond(&series, status, grpc);
         }
         let t = text(&r);
         let to_a = [
-            "dst_service=\"api.shop\"",
+            "dst_namespace=\"shop\",dst_service=\"api\"",
             "server_id=\"spiffe://cluster.local/ns/shop/sa/api\"",
             "tls=\"true\"",
         ];
@@ -363,7 +387,7 @@ mod tests {
             value(
                 &t,
                 "request_total",
-                &["dst_service=\"\"", "tls=\"no_identity\""]
+                &["tls=\"no_identity\""]
             ),
             Some(1.0),
             "{t}"

@@ -11,28 +11,51 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Instant;
 
-/// When bytes last moved on a connection, in milliseconds since its start.
+/// When bytes last moved on a connection, in milliseconds since its start, and how many
+/// moved each way (the connection's `tcp_read_bytes`/`tcp_write_bytes`).
 #[derive(Clone, Debug)]
 pub struct Activity {
     start: Instant,
-    last_ms: Arc<AtomicU64>,
+    moved: Arc<Moved>,
+}
+
+#[derive(Debug, Default)]
+struct Moved {
+    last_ms: AtomicU64,
+    read: AtomicU64,
+    written: AtomicU64,
 }
 
 impl Activity {
     fn new() -> Self {
         Self {
             start: Instant::now(),
-            last_ms: Arc::default(),
+            moved: Arc::default(),
         }
     }
 
     fn touch(&self) {
         let ms = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
-        self.last_ms.store(ms, Ordering::Relaxed);
+        self.moved.last_ms.store(ms, Ordering::Relaxed);
     }
 
     fn last(&self) -> Instant {
-        self.start + Duration::from_millis(self.last_ms.load(Ordering::Relaxed))
+        self.start + Duration::from_millis(self.moved.last_ms.load(Ordering::Relaxed))
+    }
+
+    fn wrote(&self, n: usize) {
+        if n > 0 {
+            self.touch();
+            self.moved.written.fetch_add(n as u64, Ordering::Relaxed);
+        }
+    }
+
+    /// Bytes read from and written to the connection so far.
+    pub fn bytes(&self) -> (u64, u64) {
+        (
+            self.moved.read.load(Ordering::Relaxed),
+            self.moved.written.load(Ordering::Relaxed),
+        )
     }
 
     /// Resolves once nothing has moved for `timeout`.
@@ -76,8 +99,10 @@ impl<T: AsyncRead + Unpin> AsyncRead for Tracked<T> {
     ) -> Poll<io::Result<()>> {
         let before = buf.filled().len();
         let r = Pin::new(&mut self.io).poll_read(cx, buf);
-        if buf.filled().len() > before {
+        let n = buf.filled().len() - before;
+        if n > 0 {
             self.activity.touch();
+            self.activity.moved.read.fetch_add(n as u64, Ordering::Relaxed);
         }
         r
     }
@@ -90,8 +115,8 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Tracked<T> {
         data: &[u8],
     ) -> Poll<io::Result<usize>> {
         let r = Pin::new(&mut self.io).poll_write(cx, data);
-        if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
-            self.activity.touch();
+        if let Poll::Ready(Ok(n)) = r {
+            self.activity.wrote(n);
         }
         r
     }
@@ -102,8 +127,8 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Tracked<T> {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let r = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
-        if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
-            self.activity.touch();
+        if let Poll::Ready(Ok(n)) = r {
+            self.activity.wrote(n);
         }
         r
     }
@@ -144,5 +169,7 @@ mod tests {
         tokio::time::sleep(Duration::from_secs(2)).await;
         tokio::task::yield_now().await;
         assert!(watcher.is_finished(), "11 s without a byte: idle");
+        a.write_all(b"zz").await.unwrap();
+        assert_eq!(activity.bytes(), (1, 3), "read 1 byte, wrote 3");
     }
 }

@@ -1,17 +1,32 @@
 //! Connection metrics of the data path, with Linkerd's names.
 
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::{EncodeLabel, EncodeLabelSet};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
+use crate::discovery::PodRef;
 use std::collections::{HashMap, HashSet};
 use std::hash::Hash;
 use std::sync::{Arc, Mutex, PoisonError};
 
 /// Labels of proxied traffic: a TCP connection's, and (with Linkerd) a request's, whose
 /// responses add their status.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+///
+/// A node proxy is scraped as a pod of namespace `ambit`, so a scrape that does not honour
+/// the target's labels (a PodMonitor without `honorLabels`, most annotation scrapes)
+/// renames our `namespace` and `pod` to `exported_namespace`/`exported_pod`. Each series
+/// therefore says who it is about twice (docs/ARCHITECTURE.md "Metrics"):
+/// - Linkerd's names, for Linkerd's queries and dashboards (they need `honorLabels`, as
+///   the chart's PodMonitor sets): `namespace`, `pod` and the workload by kind
+///   (`deployment`, `statefulset`, `daemonset`, `k8s_job`, ...) of the local pod;
+///   `client_id` inbound; `server_id`, `dst_namespace`, `dst_service`, `dst_pod` and
+///   `dst_<kind>` outbound;
+/// - names no scrape rewrites, as ztunnel's: `source_*` and `destination_*` (workload,
+///   its kind and namespace, principal; the destination Service).
+///
+/// Empty values are left out (Prometheus reads an empty label as no label).
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
 pub struct TrafficLabels {
     /// `inbound` or `outbound`.
     pub direction: String,
@@ -21,14 +36,111 @@ pub struct TrafficLabels {
     pub pod: String,
     /// The local pod's workload.
     pub workload: String,
+    /// Its kind (`Deployment`, ..., `Pod`).
+    pub workload_kind: String,
+    /// The local pod's identity.
+    pub identity: String,
     /// Inbound: the client's proven identity ("" without mTLS).
     pub client_id: String,
     /// Outbound: the server's proven identity ("" without mTLS).
     pub server_id: String,
-    /// Outbound: the destination Service as `<name>.<namespace>`, when there is one.
+    /// Outbound: the destination Service's name, when there is one.
     pub dst_service: String,
+    /// Outbound: the destination Service's namespace (or the destination pod's).
+    pub dst_namespace: String,
+    /// Outbound: the pod that served, when it is one the control plane knows.
+    pub dst: Option<Arc<PodRef>>,
     /// `true` when the hop to the peer proxy is mTLS, `no_identity` otherwise.
     pub tls: String,
+}
+
+/// An outbound destination's `(dst_namespace, dst_service)`.
+pub type DstService = (String, String);
+
+/// Linkerd's label for a workload of `kind` (Prometheus' own `job` label is why a Job is
+/// `k8s_job`); none for a bare pod or a kind Linkerd does not name.
+pub fn kind_label(kind: &str) -> Option<&'static str> {
+    Some(match kind {
+        "Deployment" => "deployment",
+        "StatefulSet" => "statefulset",
+        "DaemonSet" => "daemonset",
+        "Job" => "k8s_job",
+        "CronJob" => "cronjob",
+        "ReplicaSet" => "replicaset",
+        "ReplicationController" => "replicationcontroller",
+        _ => return None,
+    })
+}
+
+/// The namespace of a SPIFFE identity `spiffe://<td>/ns/<ns>/sa/<sa>`.
+fn identity_namespace(id: &str) -> &str {
+    id.split_once("/ns/")
+        .and_then(|(_, rest)| rest.split('/').next())
+        .unwrap_or_default()
+}
+
+fn label(
+    encoder: &mut prometheus_client::encoding::LabelSetEncoder<'_>,
+    key: &str,
+    value: &str,
+) -> std::fmt::Result {
+    if value.is_empty() {
+        return Ok(());
+    }
+    (key, value).encode(encoder.encode_label())
+}
+
+impl prometheus_client::encoding::EncodeLabelSet for TrafficLabels {
+    fn encode(
+        &self,
+        e: &mut prometheus_client::encoding::LabelSetEncoder<'_>,
+    ) -> std::fmt::Result {
+        let inbound = self.direction == "inbound";
+        label(e, "direction", &self.direction)?;
+        // Linkerd's.
+        label(e, "namespace", &self.namespace)?;
+        label(e, "pod", &self.pod)?;
+        if let Some(k) = kind_label(&self.workload_kind) {
+            label(e, k, &self.workload)?;
+        }
+        label(e, "client_id", &self.client_id)?;
+        label(e, "server_id", &self.server_id)?;
+        label(e, "dst_namespace", &self.dst_namespace)?;
+        label(e, "dst_service", &self.dst_service)?;
+        if let Some(d) = &self.dst {
+            label(e, "dst_pod", &d.pod)?;
+            if let Some(k) = kind_label(&d.workload_kind) {
+                label(e, &format!("dst_{k}"), &d.workload)?;
+            }
+        }
+        label(e, "tls", &self.tls)?;
+        // ztunnel's, which no scrape renames.
+        let (local, peer) = if inbound {
+            ("destination", "source")
+        } else {
+            ("source", "destination")
+        };
+        label(e, &format!("{local}_workload_namespace"), &self.namespace)?;
+        label(e, &format!("{local}_workload"), &self.workload)?;
+        label(e, &format!("{local}_workload_kind"), &self.workload_kind)?;
+        label(e, &format!("{local}_principal"), &self.identity)?;
+        if inbound {
+            // What the client proved: its namespace, not yet its workload.
+            label(e, "source_workload_namespace", identity_namespace(&self.client_id))?;
+            label(e, "source_principal", &self.client_id)?;
+        } else {
+            let ns = self.dst.as_ref().map_or(&self.dst_namespace, |d| &d.namespace);
+            label(e, &format!("{peer}_workload_namespace"), ns)?;
+            if let Some(d) = &self.dst {
+                label(e, "destination_workload", &d.workload)?;
+                label(e, "destination_workload_kind", &d.workload_kind)?;
+            }
+            label(e, "destination_principal", &self.server_id)?;
+            label(e, "destination_service_namespace", &self.dst_namespace)?;
+            label(e, "destination_service_name", &self.dst_service)?;
+        }
+        Ok(())
+    }
 }
 
 impl TrafficLabels {
@@ -39,39 +151,42 @@ impl TrafficLabels {
         } else {
             "true"
         };
-        Self::new("inbound", w, client_id, String::new(), String::new(), tls)
+        let mut l = Self::local("inbound", w, tls);
+        l.client_id = client_id;
+        l
     }
 
-    /// An outbound connection from `w` to `server_id` ("" without mTLS), to `dst_service`.
+    /// An outbound connection from `w` to `server_id` ("" without mTLS), to `dst` (the
+    /// Service's `(namespace, name)`, or the pod's namespace and "").
     pub fn outbound(
         w: &crate::discovery::Workload,
         server_id: String,
-        dst_service: String,
+        dst: DstService,
     ) -> Self {
         let tls = if server_id.is_empty() {
             "no_identity"
         } else {
             "true"
         };
-        Self::new("outbound", w, String::new(), server_id, dst_service, tls)
+        let mut l = Self::local("outbound", w, tls);
+        l.server_id = server_id;
+        (l.dst_namespace, l.dst_service) = dst;
+        l
     }
 
-    fn new(
-        direction: &str,
-        w: &crate::discovery::Workload,
-        client_id: String,
-        server_id: String,
-        dst_service: String,
-        tls: &str,
-    ) -> Self {
+    fn local(direction: &str, w: &crate::discovery::Workload, tls: &str) -> Self {
         Self {
             direction: direction.into(),
             namespace: w.namespace.clone(),
             pod: w.name.clone(),
             workload: w.workload.clone(),
-            client_id,
-            server_id,
-            dst_service,
+            workload_kind: w.workload_kind.clone(),
+            identity: w.identity.to_string(),
+            client_id: String::new(),
+            server_id: String::new(),
+            dst_service: String::new(),
+            dst_namespace: String::new(),
+            dst: None,
             tls: tls.into(),
         }
     }
@@ -235,19 +350,83 @@ impl TcpMetrics {
 mod tests {
     use super::*;
 
+    fn labels(direction: &str) -> TrafficLabels {
+        TrafficLabels {
+            direction: direction.into(),
+            namespace: "shop".into(),
+            pod: "web-5d4f8-x2".into(),
+            workload: "web".into(),
+            workload_kind: "Deployment".into(),
+            identity: "spiffe://cluster.local/ns/shop/sa/web".into(),
+            client_id: String::new(),
+            server_id: String::new(),
+            dst_service: String::new(),
+            dst_namespace: String::new(),
+            dst: None,
+            tls: "true".into(),
+        }
+    }
+
+    fn exposed(l: &TrafficLabels) -> String {
+        let mut r = Registry::default();
+        let m = TcpMetrics::register(&mut r);
+        m.opened(l);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &r).unwrap();
+        let line = text.lines().find(|l| l.starts_with("tcp_open_total{")).unwrap();
+        line.to_string()
+    }
+
+    #[test]
+    fn inbound_labels_name_the_pod_as_linkerd_and_as_ztunnel_does() {
+        let mut l = labels("inbound");
+        l.client_id = "spiffe://cluster.local/ns/books/sa/catalog".into();
+        assert_eq!(
+            exposed(&l),
+            "tcp_open_total{direction=\"inbound\",namespace=\"shop\",pod=\"web-5d4f8-x2\",\
+             deployment=\"web\",client_id=\"spiffe://cluster.local/ns/books/sa/catalog\",\
+             tls=\"true\",destination_workload_namespace=\"shop\",destination_workload=\"web\",\
+             destination_workload_kind=\"Deployment\",\
+             destination_principal=\"spiffe://cluster.local/ns/shop/sa/web\",\
+             source_workload_namespace=\"books\",\
+             source_principal=\"spiffe://cluster.local/ns/books/sa/catalog\"} 1"
+        );
+    }
+
+    #[test]
+    fn outbound_labels_name_the_endpoint_and_its_workload_and_a_job_is_k8s_job() {
+        let mut l = labels("outbound");
+        l.workload_kind = "Job".into();
+        l.server_id = "spiffe://cluster.local/ns/books/sa/catalog".into();
+        (l.dst_namespace, l.dst_service) = ("books".into(), "catalog".into());
+        l.dst = Some(Arc::new(PodRef {
+            namespace: "books".into(),
+            pod: "catalog-0".into(),
+            workload: "catalog".into(),
+            workload_kind: "StatefulSet".into(),
+        }));
+        assert_eq!(
+            exposed(&l),
+            "tcp_open_total{direction=\"outbound\",namespace=\"shop\",pod=\"web-5d4f8-x2\",\
+             k8s_job=\"web\",server_id=\"spiffe://cluster.local/ns/books/sa/catalog\",\
+             dst_namespace=\"books\",dst_service=\"catalog\",dst_pod=\"catalog-0\",\
+             dst_statefulset=\"catalog\",tls=\"true\",source_workload_namespace=\"shop\",\
+             source_workload=\"web\",source_workload_kind=\"Job\",\
+             source_principal=\"spiffe://cluster.local/ns/shop/sa/web\",\
+             destination_workload_namespace=\"books\",destination_workload=\"catalog\",\
+             destination_workload_kind=\"StatefulSet\",\
+             destination_principal=\"spiffe://cluster.local/ns/books/sa/catalog\",\
+             destination_service_namespace=\"books\",destination_service_name=\"catalog\"} 1"
+        );
+    }
+
     #[test]
     fn a_departed_pods_series_are_dropped() {
         let mut r = Registry::default();
         let m = TcpMetrics::register(&mut r);
         let l = |pod: &str| TrafficLabels {
-            direction: "inbound".into(),
-            namespace: "shop".into(),
             pod: pod.into(),
-            workload: pod.into(),
-            client_id: String::new(),
-            server_id: String::new(),
-            dst_service: String::new(),
-            tls: "true".into(),
+            ..labels("inbound")
         };
         m.opened(&l("web-0"));
         m.closed(&l("web-0"), 10, 20);

@@ -54,7 +54,10 @@ pub(super) async fn proxy(
             .map_err(|e| ProxyError::Client(format!("reading the first bytes: {e}")))?
     };
     if protocol != Protocol::Opaque {
-        super::http::serve_outbound(client, protocol, dst, pod.clone(), shared.clone()).await;
+        let dst_service = resolved.as_ref().map(Resolved::dst_service);
+        let dst_service = dst_service.unwrap_or_default();
+        super::http::serve_outbound(client, protocol, dst, dst_service, pod.clone(), shared.clone())
+            .await;
         return Ok(());
     }
     // Detection may have waited (a server-speaks-first protocol): resolve again.

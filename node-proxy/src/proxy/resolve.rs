@@ -7,7 +7,7 @@ use super::balance::{AccrualFor, NoPick, Pick};
 use super::classify::{classify, Class, GrpcCode};
 use super::{ProxyError, Shared};
 use crate::discovery::{
-    Destination, DiscoveryState, Lookup, Subscriptions, Target as Subscribed, WaitError, Workload,
+    Destination, DiscoveryState, Lookup, PodRef, Subscriptions, Target as Subscribed, WaitError, Workload,
 };
 use ambit_api::ports::{PortSet, DEFAULT_OPAQUE_PORTS};
 use ambit_api::WorkloadIdentity;
@@ -55,6 +55,8 @@ pub(super) struct Target {
     /// The identity the peer must prove: through the mesh tunnel. None: in plaintext,
     /// straight from the pod's netns (not a meshed pod).
     pub identity: Option<WorkloadIdentity>,
+    /// The pod behind it, for metrics, when it is one discovery knows.
+    pub pod: Option<Arc<PodRef>>,
 }
 
 /// A Service port connected to, as routes name it.
@@ -145,6 +147,7 @@ impl Resolved {
                     .map(|(addr, e)| Target {
                         addr,
                         identity: e.identity,
+                        pod: e.workload,
                     })
                     .collect(),
                 unknown: false,
@@ -156,6 +159,7 @@ impl Resolved {
                 targets: vec![Target {
                     addr,
                     identity: w.meshed.then(|| w.identity.clone()),
+                    pod: Some(Arc::new(PodRef::of(&w))),
                 }],
                 unknown: false,
             },
@@ -166,6 +170,7 @@ impl Resolved {
                 targets: vec![Target {
                     addr,
                     identity: None,
+                    pod: None,
                 }],
                 unknown: true,
             },
@@ -184,12 +189,14 @@ impl Resolved {
         self.opaque
     }
 
-    /// The `dst_service` label: `<name>.<namespace>`, empty when not a Service.
-    pub fn dst_service(&self) -> String {
-        self.service
-            .as_ref()
-            .map(|s| format!("{}.{}", s.name, s.namespace))
-            .unwrap_or_default()
+    /// The `dst_namespace` and `dst_service` labels: the Service's namespace and name;
+    /// a pod's namespace and "" for a pod; both empty outside the cluster.
+    pub fn dst_service(&self) -> (String, String) {
+        match (&self.service, self.targets.first().and_then(|t| t.pod.as_ref())) {
+            (Some(s), _) => (s.namespace.clone(), s.name.clone()),
+            (None, Some(p)) => (p.namespace.clone(), String::new()),
+            (None, None) => Default::default(),
+        }
     }
 
     /// Chooses where this connection or request goes: a Service's endpoint by the

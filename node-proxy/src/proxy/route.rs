@@ -87,7 +87,7 @@ pub(super) async fn backend<'a>(
 pub(super) struct Trying<'a> {
     pub rule: Arc<Rule>,
     pub original: &'a Resolved,
-    pub dst_service: &'a str,
+    pub dst_service: &'a super::metrics::DstService,
     pub pod: &'a PodContext,
     pub shared: &'a Shared,
     pub conn_series: &'a ConnectionSeries,

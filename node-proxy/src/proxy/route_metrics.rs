@@ -1,14 +1,17 @@
 //! Route metrics, with Linkerd's names: per HTTPRoute or GRPCRoute rule (and the default
 //! rule of a Service's annotations), the requests' duration and statuses, the backends
 //! chosen, and what retries did — `outbound_http_route_*` and `outbound_grpc_route_*`.
-//! Labels: the client pod (`namespace`, `pod`, `workload`), `parent_*` (the Service),
-//! `route_*` (the route).
+//! Labels, Linkerd's: the client pod (`namespace`, `pod`, `deployment`/`statefulset`/...,
+//! and the scrape-proof `source_workload*`, see [`super::metrics::TrafficLabels`]),
+//! `parent_*` (the Service: group `core`, kind `Service`), `route_*` (the route: group
+//! `gateway.networking.k8s.io`, or none for the default route); statuses by
+//! `http_status` or `grpc_status`, and `error`.
 
 use super::body::Body;
 use super::classify::GrpcCode;
 use crate::discovery::Workload;
 use crate::policy::routes::{Backend, Rule};
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::{EncodeLabel, EncodeLabelSet, LabelSetEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::Histogram;
@@ -20,11 +23,12 @@ use std::time::Duration;
 const BUCKETS: [f64; 10] = [0.05, 0.5, 1.0, 10.0, 0.005, 0.01, 0.025, 0.1, 0.25, 2.5];
 
 /// A route of a client pod.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
 pub struct RouteLabels {
     pub namespace: String,
     pub pod: String,
     pub workload: String,
+    pub workload_kind: String,
     pub parent_namespace: String,
     pub parent_name: String,
     pub parent_port: String,
@@ -40,6 +44,7 @@ impl RouteLabels {
             namespace: w.namespace.clone(),
             pod: w.name.clone(),
             workload: w.workload.clone(),
+            workload_kind: w.workload_kind.clone(),
             parent_namespace: parent.namespace.clone(),
             parent_name: parent.name.clone(),
             parent_port: parent.port.to_string(),
@@ -50,15 +55,53 @@ impl RouteLabels {
     }
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+impl EncodeLabelSet for RouteLabels {
+    fn encode(&self, e: &mut LabelSetEncoder<'_>) -> std::fmt::Result {
+        let mut l = |k: &str, v: &str| (k, v).encode(e.encode_label());
+        l("namespace", &self.namespace)?;
+        l("pod", &self.pod)?;
+        if let Some(k) = super::metrics::kind_label(&self.workload_kind) {
+            l(k, &self.workload)?;
+        }
+        l("source_workload_namespace", &self.namespace)?;
+        l("source_workload", &self.workload)?;
+        l("source_workload_kind", &self.workload_kind)?;
+        l("parent_group", "core")?;
+        l("parent_kind", "Service")?;
+        l("parent_namespace", &self.parent_namespace)?;
+        l("parent_name", &self.parent_name)?;
+        l("parent_port", &self.parent_port)?;
+        l("parent_section_name", "")?;
+        let group = match self.route_kind.as_str() {
+            "HTTPRoute" | "GRPCRoute" => "gateway.networking.k8s.io",
+            _ => "",
+        };
+        l("route_group", group)?;
+        l("route_kind", &self.route_kind)?;
+        l("route_namespace", &self.route_namespace)?;
+        l("route_name", &self.route_name)
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
 struct StatusLabels {
-    #[prometheus(flatten)]
     route: RouteLabels,
+    /// A gRPC route's (the status is `grpc_status`, else `http_status`).
+    grpc: bool,
     /// The HTTP status (HTTP routes) or the gRPC status (gRPC routes); empty when no
     /// response came.
     status: String,
     /// Why no response came: the proxy's error kind; empty otherwise.
     error: String,
+}
+
+impl EncodeLabelSet for StatusLabels {
+    fn encode(&self, e: &mut LabelSetEncoder<'_>) -> std::fmt::Result {
+        self.route.encode(e)?;
+        let key = if self.grpc { "grpc_status" } else { "http_status" };
+        (key, self.status.as_str()).encode(e.encode_label())?;
+        ("error", self.error.as_str()).encode(e.encode_label())
+    }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -410,6 +453,7 @@ impl End {
         }
         let l = StatusLabels {
             route: h.labels.clone(),
+            grpc: h.grpc,
             status: status.clone(),
             error: error.to_string(),
         };

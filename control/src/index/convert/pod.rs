@@ -8,8 +8,10 @@ use crate::index::model::PodInfo;
 use ambit_api::WorkloadIdentity;
 use k8s_openapi::api::core::v1::Pod;
 
-/// The pod's workload name: its controller's, with a ReplicaSet's template hash removed.
-fn workload_name(pod: &Pod, name: &str) -> String {
+/// The pod's workload and its kind: its controller's, a ReplicaSet with a
+/// `pod-template-hash` being its Deployment's (the hash removed from the name); the pod
+/// itself (`Pod`) without one.
+fn workload(pod: &Pod, name: &str) -> (String, String) {
     let owner = pod
         .metadata
         .owner_references
@@ -18,7 +20,7 @@ fn workload_name(pod: &Pod, name: &str) -> String {
         .find(|o| o.controller == Some(true))
         .or_else(|| pod.metadata.owner_references.iter().flatten().next());
     let Some(owner) = owner else {
-        return name.to_string();
+        return (name.to_string(), "Pod".to_string());
     };
     let hash = pod
         .metadata
@@ -26,12 +28,11 @@ fn workload_name(pod: &Pod, name: &str) -> String {
         .as_ref()
         .and_then(|l| l.get("pod-template-hash"));
     match (owner.kind.as_str(), hash) {
-        ("ReplicaSet", Some(h)) => owner
-            .name
-            .strip_suffix(&format!("-{h}"))
-            .unwrap_or(&owner.name)
-            .to_string(),
-        _ => owner.name.clone(),
+        ("ReplicaSet", Some(h)) => match owner.name.strip_suffix(&format!("-{h}")) {
+            Some(deployment) => (deployment.to_string(), "Deployment".to_string()),
+            None => (owner.name.clone(), owner.kind.clone()),
+        },
+        _ => (owner.name.clone(), owner.kind.clone()),
     }
 }
 
@@ -73,8 +74,10 @@ pub(crate) fn pod(pod: &Pod, trust_domain: &str) -> Result<PodInfo, ConvertError
     check_port_annotations(&pod.metadata, &object)?;
     check_policy_annotation(&pod.metadata, &object)?;
     let annotations = pod.metadata.annotations.clone().unwrap_or_default();
+    let (workload, workload_kind) = workload(pod, &name);
     Ok(PodInfo {
-        workload: workload_name(pod, &name),
+        workload,
+        workload_kind,
         netns: annotations.get(NETNS_ANNOTATION).cloned(),
         uid: pod.metadata.uid.clone(),
         node_name: spec
@@ -153,4 +156,39 @@ fn probes(
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn owned(kind: &str, owner: &str, hash: Option<&str>) -> Pod {
+        let mut v = serde_json::json!({
+            "metadata": {"name": "p-1", "namespace": "shop",
+              "ownerReferences": [{"apiVersion": "apps/v1", "kind": kind, "name": owner,
+                                   "uid": "u", "controller": true}]}
+        });
+        if let Some(h) = hash {
+            v["metadata"]["labels"] = serde_json::json!({"pod-template-hash": h});
+        }
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn a_pods_workload_is_its_controller_and_a_replicaset_of_a_deployment_is_the_deployment() {
+        let cases = [
+            (owned("ReplicaSet", "web-5d4f8", Some("5d4f8")), ("web", "Deployment")),
+            (owned("ReplicaSet", "web-5d4f8", None), ("web-5d4f8", "ReplicaSet")),
+            (owned("ReplicaSet", "web", Some("5d4f8")), ("web", "ReplicaSet")),
+            (owned("StatefulSet", "db", None), ("db", "StatefulSet")),
+            (owned("DaemonSet", "agent", None), ("agent", "DaemonSet")),
+            (owned("Job", "migrate-28", None), ("migrate-28", "Job")),
+        ];
+        for (pod, (name, kind)) in cases {
+            assert_eq!(workload(&pod, "p-1"), (name.to_string(), kind.to_string()));
+        }
+        let bare: Pod =
+            serde_json::from_value(serde_json::json!({"metadata": {"name": "p-1"}})).unwrap();
+        assert_eq!(workload(&bare, "p-1"), ("p-1".into(), "Pod".into()));
+    }
 }

@@ -35,6 +35,7 @@ fn workload(w: &Workload) -> pb::Workload {
         skip_inbound_ports: ranges(&w.skip_inbound_ports),
         skip_outbound_ports: ranges(&w.skip_outbound_ports),
         workload: w.workload.clone(),
+        workload_kind: w.workload_kind.clone(),
         ready: w.ready,
     }
 }
@@ -58,6 +59,16 @@ fn endpoint(e: &Endpoint) -> pb::Endpoint {
         node: e.node.clone(),
         pod: e.pod.clone().unwrap_or_default(),
         opaque_ports: ranges(&e.opaque_ports),
+        workload: e
+            .workload
+            .as_ref()
+            .map(|w| w.workload.clone())
+            .unwrap_or_default(),
+        workload_kind: e
+            .workload
+            .as_ref()
+            .map(|w| w.workload_kind.clone())
+            .unwrap_or_default(),
     }
 }
 

@@ -39,6 +39,8 @@ fn svc() -> pb::Service {
                     first: 5432,
                     last: 5432,
                 }],
+                workload: "web".into(),
+                workload_kind: "Deployment".into(),
             },
             pb::Endpoint {
                 address: "10.1.0.6".into(),

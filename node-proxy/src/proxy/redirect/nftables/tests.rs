@@ -24,6 +24,7 @@ fn workload(skip_inbound: &str, skip_outbound: &str) -> Workload {
         skip_inbound_ports: ports(skip_inbound),
         skip_outbound_ports: ports(skip_outbound),
         workload: "web".into(),
+        workload_kind: "Deployment".into(),
         ready: true,
     }
 }
