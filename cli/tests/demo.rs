@@ -356,12 +356,27 @@ fn prometheus_agrees_with_stat() {
         .to_string();
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("prometheus.yml");
+    // Two scrapes of the same proxies, each giving them the target labels a pod of
+    // namespace `ambit` gets: as the chart's PodMonitor (honorLabels: the proxy's
+    // `namespace`/`pod` win), and as a PodMonitor without honorLabels or an annotation
+    // scrape (Prometheus renames the proxy's to `exported_namespace`/`exported_pod`).
+    let mut scrape = String::new();
+    for (job, honor) in [("ambit-proxy", true), ("ambit-proxy-no-honor", false)] {
+        scrape.push_str(&format!(
+            "- job_name: {job}\n  honor_labels: {honor}\n  metrics_path: {path}\n  \
+             static_configs:\n"
+        ));
+        for (i, t) in targets.iter().enumerate() {
+            scrape.push_str(&format!(
+                "  - {{targets: [{t:?}], labels: {{namespace: ambit, pod: ambit-proxy-{i}}}}}\n"
+            ));
+        }
+    }
     std::fs::write(
         &config,
         format!(
             "global: {{scrape_interval: 1s, evaluation_interval: 1s}}\n\
-             scrape_configs:\n- job_name: ambit-proxy\n  metrics_path: {path}\n  \
-             static_configs: [{{targets: {targets:?}}}]\n"
+             scrape_configs:\n{scrape}"
         ),
     )
     .unwrap();
@@ -418,14 +433,14 @@ fn prometheus_agrees_with_stat() {
             .as_array()
             .cloned()
             .unwrap_or_default();
-        let up = active.len() == 2
+        let up = active.len() == 2 * targets.len()
             && active
                 .iter()
                 .all(|a| a["health"] == "up" && a["lastError"] == "");
         if up {
             let samples = query("count_over_time(up[40s])", None);
             let full = samples["data"]["result"].as_array().is_some_and(|r| {
-                r.len() == 2
+                r.len() == 2 * targets.len()
                     && r.iter().all(|s| {
                         s["value"][1].as_str().and_then(|v| v.parse::<f64>().ok()) >= Some(30.0)
                     })
@@ -451,7 +466,8 @@ fn prometheus_agrees_with_stat() {
     // The front end: steady traffic (20 requests/s) whose failures are the failing
     // catalog replica's, in the share the balancer sends it.
     let web = row(&rows, "web-").unwrap();
-    let sel = "direction=\"inbound\",namespace=\"demo\",workload=\"web\"";
+    // Linkerd's query, through the scrape that honours the proxy's labels.
+    let sel = "job=\"ambit-proxy\",direction=\"inbound\",namespace=\"demo\",deployment=\"web\"";
     let success = query(
         &format!(
             "sum(increase(response_total{{{sel},classification=\"success\"}}[30s])) / sum(increase(response_total{{{sel}}}[30s]))"
@@ -492,5 +508,27 @@ fn prometheus_agrees_with_stat() {
     assert!(
         (p_rps - s_rps).abs() <= 0.25 * s_rps.max(p_rps),
         "RPS: PromQL {p_rps}, ambit stat {s_rps}"
+    );
+    // The scrape that does not honour them: `namespace` is the proxy pod's, the app's
+    // moved to `exported_namespace`, and the `destination_*` labels still say whose
+    // requests they are — the same count as Linkerd's query through the other scrape.
+    let count = |job: &str, sel: &str| {
+        let q = format!("sum(increase(request_total{{job=\"{job}\",direction=\"inbound\",{sel}}}[30s]))");
+        query(&q, Some(end))
+    };
+    let renamed = count("ambit-proxy-no-honor", "namespace=\"demo\"");
+    assert_eq!(renamed["data"]["result"], serde_json::json!([]), "{renamed:#}");
+    let exported = count("ambit-proxy-no-honor", "exported_namespace=\"demo\",deployment=\"web\"");
+    let scrape_proof = count(
+        "ambit-proxy-no-honor",
+        "destination_workload_namespace=\"demo\",destination_workload=\"web\",destination_workload_kind=\"Deployment\"",
+    );
+    let linkerd = count("ambit-proxy", "namespace=\"demo\",deployment=\"web\"");
+    let (exported, scrape_proof, linkerd) =
+        (value(&exported), value(&scrape_proof), value(&linkerd));
+    assert!(linkerd > 0.0, "{linkerd}");
+    assert!(
+        (scrape_proof - linkerd).abs() <= 0.15 * linkerd && (exported - linkerd).abs() <= 0.15 * linkerd,
+        "requests to web: {linkerd} by Linkerd's labels (honorLabels), {scrape_proof} by destination_* and {exported} by exported_namespace (no honorLabels)"
     );
 }

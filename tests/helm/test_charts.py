@@ -253,6 +253,8 @@ def test_pod_monitor_is_optional_and_selects_both_admin_ports(pki):
     assert pm["apiVersion"] == "monitoring.coreos.com/v1"
     assert pm["metadata"]["labels"]["release"] == "prom"
     assert pm["spec"]["podMetricsEndpoints"][0]["port"] == "admin-http"
+    # The proxy's namespace/pod labels name the pods whose traffic it reports.
+    assert pm["spec"]["podMetricsEndpoints"][0]["honorLabels"] is True
     selected = set(pm["spec"]["selector"]["matchExpressions"][0]["values"])
     assert selected == {"ambit-proxy", "ambit-control"}
     for kind, name in [("DaemonSet", "ambit-proxy"), ("Deployment", "ambit-control")]:

@@ -171,7 +171,7 @@ async fn meshed_pods_talk_through_both_proxies_with_mutual_tls() {
         "client side:\n{ma}"
     );
     let mut by_service = outbound.to_vec();
-    by_service.push("dst_service=\"server.shop\"");
+    by_service.push("dst_namespace=\"shop\",dst_service=\"server\"");
     assert_eq!(metric_sum(&ma, "tcp_open_total", &by_service), 1, "{ma}");
     let mb = b.metrics().await;
     let line = metric_line(

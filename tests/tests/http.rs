@@ -22,13 +22,15 @@ fn cluster(t: &Topology) -> String {
         r#"{NAMESPACES}---
 apiVersion: v1
 kind: Pod
-metadata: {{name: client, namespace: shop, annotations: {{local.ambit.dev/netns: {}}}}}
+metadata: {{name: client-5d4f8-x2, namespace: shop, annotations: {{local.ambit.dev/netns: {}}}, labels: {{pod-template-hash: 5d4f8}},
+  ownerReferences: [{{apiVersion: apps/v1, kind: ReplicaSet, name: client-5d4f8, uid: u1, controller: true}}]}}
 spec: {{nodeName: node-a, serviceAccountName: client, containers: []}}
 status: {{podIP: {}, phase: Running}}
 ---
 apiVersion: v1
 kind: Pod
-metadata: {{name: server, namespace: shop, annotations: {{local.ambit.dev/netns: {}}}}}
+metadata: {{name: server, namespace: shop, annotations: {{local.ambit.dev/netns: {}}},
+  ownerReferences: [{{apiVersion: apps/v1, kind: StatefulSet, name: web-db, uid: u2, controller: true}}]}}
 spec: {{nodeName: node-b, serviceAccountName: server, containers: []}}
 status: {{podIP: {}, phase: Running}}
 ---
@@ -290,12 +292,25 @@ async fn curl_over_http1_and_http2_through_the_mesh() {
         "request_total",
         &[
             "direction=\"outbound\"",
-            "dst_service=\"web.shop\"",
+            // Linkerd's names: the client by its Deployment, the endpoint and its
+            // workload; then ztunnel's, which a scrape cannot rename.
+            "namespace=\"shop\",pod=\"client-5d4f8-x2\",deployment=\"client\"",
             "server_id=\"spiffe://cluster.local/ns/shop/sa/server\"",
+            "dst_namespace=\"shop\",dst_service=\"web\",dst_pod=\"server\",dst_statefulset=\"web-db\"",
             "tls=\"true\"",
+            "source_workload_namespace=\"shop\",source_workload=\"client\",source_workload_kind=\"Deployment\"",
+            "destination_workload_namespace=\"shop\",destination_workload=\"web-db\",destination_workload_kind=\"StatefulSet\"",
+            "destination_service_namespace=\"shop\",destination_service_name=\"web\"",
         ],
     );
     assert!(out_req.is_some_and(|l| l.ends_with(" 3")), "{ma}");
+    // The HTTP connections count in the TCP metrics as any connection does.
+    let http_conn = ["direction=\"outbound\"", "dst_service=\"web\""];
+    let opened = metric(&ma, "tcp_close_total", &http_conn);
+    assert!(opened.is_some_and(|l| !l.ends_with(" 0")), "{ma}");
+    let read = metric(&ma, "tcp_read_bytes_total", &http_conn)
+        .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok());
+    assert!(read.is_some_and(|n| n > 100), "the requests' bytes: {ma}");
     assert!(
         metric(
             &ma,
@@ -313,7 +328,7 @@ async fn curl_over_http1_and_http2_through_the_mesh() {
         metric(
             &ma,
             "response_latency_ms_count",
-            &["direction=\"outbound\"", "dst_service=\"web.shop\""]
+            &["direction=\"outbound\"", "dst_service=\"web\""]
         )
         .is_some(),
         "{ma}"
@@ -334,8 +349,10 @@ async fn curl_over_http1_and_http2_through_the_mesh() {
             "request_total",
             &[
                 "direction=\"inbound\"",
-                "pod=\"server\"",
-                "client_id=\"spiffe://cluster.local/ns/shop/sa/client\""
+                "pod=\"server\",statefulset=\"web-db\"",
+                "client_id=\"spiffe://cluster.local/ns/shop/sa/client\"",
+                "destination_workload=\"web-db\",destination_workload_kind=\"StatefulSet\"",
+                "source_workload_namespace=\"shop\",source_principal=\"spiffe://cluster.local/ns/shop/sa/client\""
             ]
         )
         .is_some_and(|l| l.ends_with(" 2")),

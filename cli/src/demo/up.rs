@@ -364,8 +364,10 @@ fn served<'a>(samples: impl Iterator<Item = &'a crate::stat::parse::Sample>, w: 
     samples.into_iter().any(|s| {
         s.name == "request_total"
             && s.value > 0.0
-            && s.label("direction") == "inbound"
-            && s.label("namespace") == NAMESPACE
-            && s.label("workload") == w
+            && crate::stat::traffic::Traffic::of(s).is_some_and(|t| {
+                t.direction == crate::stat::traffic::Direction::Inbound
+                    && t.namespace == NAMESPACE
+                    && t.workload == w
+            })
     })
 }

@@ -35,8 +35,10 @@ pub struct Traffic {
     /// The peer's proven identity: inbound `client_id`, outbound `server_id` ("" without
     /// mTLS).
     pub peer_id: String,
-    /// Outbound: the destination Service as `<name>.<namespace>` ("" when none).
-    pub dst_service: String,
+    /// Outbound: the destination Service's namespace and name ("" when none).
+    pub dst_service: Option<(String, String)>,
+    /// Outbound: the workload that served, as `(namespace, name)`, when the proxy knew it.
+    pub dst_workload: Option<(String, String)>,
     /// `tls="true"`: the hop to the peer proxy was mTLS.
     pub tls: bool,
 }
@@ -53,9 +55,31 @@ impl Traffic {
         if namespace.is_empty() || pod.is_empty() {
             return None;
         }
-        let workload = match s.label("workload") {
-            "" => pod,
-            w => w,
+        // The scrape-proof name of the local workload; `workload` from proxies before
+        // the label set of docs/ARCHITECTURE.md "Metrics".
+        let local = match direction {
+            Direction::Inbound => "destination_workload",
+            Direction::Outbound => "source_workload",
+        };
+        let workload = [s.label(local), s.label("workload"), pod]
+            .into_iter()
+            .find(|w| !w.is_empty())
+            .unwrap_or_default();
+        let dst_service = match (s.label("dst_namespace"), s.label("dst_service")) {
+            (_, "") => None,
+            ("", old) => old
+                .split_once('.')
+                .map(|(name, ns)| (ns.to_string(), name.to_string())),
+            (ns, name) => Some((ns.to_string(), name.to_string())),
+        };
+        let dst_workload = match direction {
+            Direction::Outbound => Some((
+                s.label("destination_workload_namespace"),
+                s.label("destination_workload"),
+            ))
+            .filter(|(ns, name)| !ns.is_empty() && !name.is_empty())
+            .map(|(ns, name)| (ns.to_string(), name.to_string())),
+            Direction::Inbound => None,
         };
         let peer_id = match direction {
             Direction::Inbound => s.label("client_id"),
@@ -67,7 +91,8 @@ impl Traffic {
             pod: pod.to_string(),
             workload: workload.to_string(),
             peer_id: peer_id.to_string(),
-            dst_service: s.label("dst_service").to_string(),
+            dst_service,
+            dst_workload,
             tls: s.label("tls") == "true",
         })
     }
@@ -195,23 +220,30 @@ impl Directory {
         })
     }
 
-    /// The destination of an outbound series: the workload named by the server's identity,
-    /// else by the destination Service; else the Service; else the identity; else unknown.
+    /// The destination of an outbound series: the workload the proxy named, else the one
+    /// named by the server's identity, else by the destination Service; else the Service;
+    /// else the identity; else unknown.
     pub fn server(&self, t: &Traffic) -> Peer {
+        if let Some((namespace, name)) = &t.dst_workload {
+            return Peer::Workload {
+                namespace: namespace.clone(),
+                name: name.clone(),
+            };
+        }
         let by_id = self.identity(&t.peer_id);
         if let Some(p @ Peer::Workload { .. }) = by_id {
             return p;
         }
-        if let Some((name, namespace)) = t.dst_service.split_once('.') {
+        if let Some((namespace, name)) = &t.dst_service {
             if self.has_workload(namespace, name) {
                 return Peer::Workload {
-                    namespace: namespace.into(),
-                    name: name.into(),
+                    namespace: namespace.clone(),
+                    name: name.clone(),
                 };
             }
             return Peer::Service {
-                namespace: namespace.into(),
-                name: name.into(),
+                namespace: namespace.clone(),
+                name: name.clone(),
             };
         }
         by_id.unwrap_or(Peer::Unknown)
@@ -283,5 +315,34 @@ tcp_errors_total{direction=\"inbound\",error=\"client\"} 1
             ("sa", "default", "shop")
         );
         assert_eq!(dir.client(&t[7]), Peer::Unmeshed);
+    }
+
+    /// The label set of today's proxies (docs/ARCHITECTURE.md "Metrics"): the local
+    /// workload from `source_workload`/`destination_workload`, the server from
+    /// `destination_workload`, the Service from `dst_namespace` and `dst_service`.
+    #[test]
+    fn the_scrape_proof_labels_name_the_local_workload_and_the_server() {
+        let text = "\
+request_total{direction=\"outbound\",namespace=\"shop\",pod=\"web-5d-x\",deployment=\"web\",server_id=\"spiffe://cluster.local/ns/shop/sa/default\",dst_namespace=\"shop\",dst_service=\"api\",dst_pod=\"api-0\",dst_statefulset=\"api-db\",tls=\"true\",source_workload_namespace=\"shop\",source_workload=\"web\",source_workload_kind=\"Deployment\",destination_workload_namespace=\"shop\",destination_workload=\"api-db\",destination_workload_kind=\"StatefulSet\"} 1
+request_total{direction=\"outbound\",namespace=\"shop\",pod=\"web-5d-x\",deployment=\"web\",dst_namespace=\"data\",dst_service=\"db\",source_workload_namespace=\"shop\",source_workload=\"web\"} 1
+request_total{direction=\"inbound\",namespace=\"shop\",pod=\"api-0\",statefulset=\"api-db\",client_id=\"spiffe://cluster.local/ns/shop/sa/web\",tls=\"true\",destination_workload_namespace=\"shop\",destination_workload=\"api-db\",destination_workload_kind=\"StatefulSet\",source_workload_namespace=\"shop\",source_principal=\"spiffe://cluster.local/ns/shop/sa/web\"} 1
+";
+        let samples = parse(text).unwrap();
+        let dir = Directory::of(&samples);
+        let t: Vec<Traffic> = samples.iter().filter_map(Traffic::of).collect();
+        let w: Vec<&str> = t.iter().map(|t| t.workload.as_str()).collect();
+        assert_eq!(w, ["web", "web", "api-db"]);
+        // The proxy named the server's workload: not the identity's `default`.
+        let api = Peer::Workload {
+            namespace: "shop".into(),
+            name: "api-db".into(),
+        };
+        assert_eq!(dir.server(&t[0]), api);
+        let db = dir.server(&t[1]);
+        assert_eq!(
+            (db.kind(), db.name(), db.namespace()),
+            ("svc", "db", "data")
+        );
+        assert_eq!(dir.pod_count("shop", Some("api-db")), 1);
     }
 }
