@@ -145,13 +145,13 @@ fn demo_up_stat_check_prometheus_down() {
         );
     };
     let failing = row(&rows, FAILING).unwrap();
-    let rate = failing["success_rate"].as_f64().unwrap();
+    let rate = failing["success"].as_f64().unwrap();
     assert!(
         (rate - 0.8).abs() <= 0.06,
         "the failing replica: {failing:#}"
     );
     let healthy = row(&rows, "catalog-84d7b6c9f-a1b2c").unwrap();
-    assert_eq!(healthy["success_rate"].as_f64(), Some(1.0), "{healthy:#}");
+    assert_eq!(healthy["success"].as_f64(), Some(1.0), "{healthy:#}");
     assert_eq!(
         failing["tls_share"].as_f64(),
         Some(1.0),
@@ -492,7 +492,7 @@ fn prometheus_agrees_with_stat() {
     };
     let (p_success, p_rps, p_p99) = (value(&success), value(&rps), value(&p99));
     let (s_success, s_rps, s_p99) = (
-        web["success_rate"].as_f64().unwrap(),
+        web["success"].as_f64().unwrap(),
         web["rps"].as_f64().unwrap(),
         web["latency_ms_p99"].as_f64().unwrap(),
     );

@@ -189,10 +189,10 @@ async fn stat_and_edges_read_the_node_proxy_pods_through_the_api_servers_pod_pro
         .collect();
     assert_eq!(names, ["api", "load", "web"], "{out}");
     assert_eq!(rows[0]["requests"], 400.0);
-    assert_eq!(rows[0]["success_rate"], 0.99);
+    assert_eq!(rows[0]["success"], 0.99);
     assert_eq!(rows[0]["meshed_pods"], 2);
     assert_eq!(rows[2]["requests"], 200.0);
-    assert_eq!(rows[2]["success_rate"], 0.95);
+    assert_eq!(rows[2]["success"], 0.95);
     let warnings: Vec<&str> = err.lines().collect();
     assert_eq!(warnings.len(), 2, "{err}");
     assert_eq!(

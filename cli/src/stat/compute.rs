@@ -222,8 +222,9 @@ pub struct Snapshot {
     pub proxies: BTreeMap<String, Vec<Sample>>,
 }
 
-/// One row of `ambit stat`; `-o json` prints these as they are.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+/// One row of `ambit stat`; `-o json` prints it with `linkerd viz stat -o json`'s keys
+/// first (see the `Serialize` below), so that jq scripts written for Linkerd work.
+#[derive(Clone, Debug, PartialEq)]
 pub struct Row {
     /// `deploy`, `pod`, `ns`; with `--from`, a destination that is no workload the
     /// proxies report: `svc` (a Service), `sa` (an identity), `unknown`.
@@ -257,6 +258,50 @@ pub struct Row {
     /// The share of requests (or, without requests, of connections opened) over mTLS
     /// (`null` without either).
     pub tls_share: Option<f64>,
+}
+
+/// Linkerd's `kind` for a row's `resource`.
+fn linkerd_kind(resource: &str) -> &str {
+    match resource {
+        "deploy" => "deployment",
+        "ns" => "namespace",
+        "svc" => "service",
+        "sa" => "serviceaccount",
+        "sts" => "statefulset",
+        "ds" => "daemonset",
+        other => other,
+    }
+}
+
+impl Serialize for Row {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut m = s.serialize_struct("Row", 16)?;
+        // Linkerd's keys, in its order.
+        m.serialize_field("namespace", &self.namespace)?;
+        m.serialize_field("kind", linkerd_kind(self.resource))?;
+        m.serialize_field("name", &self.name)?;
+        let meshed = self
+            .meshed_pods
+            .zip(self.pods)
+            .map(|(m, p)| format!("{m}/{p}"));
+        m.serialize_field("meshed", &meshed)?;
+        m.serialize_field("success", &self.success_rate)?;
+        m.serialize_field("rps", &self.rps)?;
+        m.serialize_field("latency_ms_p50", &self.latency_ms_p50)?;
+        m.serialize_field("latency_ms_p95", &self.latency_ms_p95)?;
+        m.serialize_field("latency_ms_p99", &self.latency_ms_p99)?;
+        m.serialize_field("tcp_open_connections", &self.tcp_connections)?;
+        m.serialize_field("tcp_read_bytes_rate", &self.read_bytes_per_sec)?;
+        m.serialize_field("tcp_write_bytes_rate", &self.write_bytes_per_sec)?;
+        // Ambit's.
+        m.serialize_field("resource", self.resource)?;
+        m.serialize_field("meshed_pods", &self.meshed_pods)?;
+        m.serialize_field("pods", &self.pods)?;
+        m.serialize_field("requests", &self.requests)?;
+        m.serialize_field("tls_share", &self.tls_share)?;
+        m.end()
+    }
 }
 
 #[derive(Debug, Default)]

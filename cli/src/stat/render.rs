@@ -11,9 +11,10 @@ pub enum Format {
     Table,
     /// The table, with READ_BYTES/SEC, WRITE_BYTES/SEC and TLS.
     Wide,
-    /// A JSON array of objects: resource, namespace, name, meshed_pods, pods, requests,
-    /// success_rate, rps, latency_ms_p50/p95/p99, tcp_connections, read_bytes_per_sec,
-    /// write_bytes_per_sec, tls_share (numbers; null when there is nothing to measure).
+    /// A JSON array of objects with `linkerd viz stat -o json`'s keys: namespace, kind,
+    /// name, meshed ("2/2"), success, rps, latency_ms_p50/p95/p99, tcp_open_connections,
+    /// tcp_read_bytes_rate, tcp_write_bytes_rate; then resource (deploy, pod, ...),
+    /// meshed_pods, pods, requests, tls_share (null when there is nothing to measure).
     Json,
 }
 

@@ -402,32 +402,37 @@ shop   4/4      97.67%    60.0rps   2.00ms        16.0ms        24.0ms        3
     assert_eq!(
         keys,
         [
-            "resource",
+            // Linkerd's keys, in its order: a jq script written for it works.
             "namespace",
+            "kind",
             "name",
-            "meshed_pods",
-            "pods",
-            "requests",
-            "success_rate",
+            "meshed",
+            "success",
             "rps",
             "latency_ms_p50",
             "latency_ms_p95",
             "latency_ms_p99",
-            "tcp_connections",
-            "read_bytes_per_sec",
-            "write_bytes_per_sec",
+            "tcp_open_connections",
+            "tcp_read_bytes_rate",
+            "tcp_write_bytes_rate",
+            "resource",
+            "meshed_pods",
+            "pods",
+            "requests",
             "tls_share"
         ]
     );
     assert_eq!(api["name"], "api");
     assert_eq!(api["requests"], 400.0);
-    assert_eq!(api["success_rate"], 0.99);
+    assert_eq!(api["success"], 0.99);
     assert_eq!(api["rps"], 40.0);
     assert!(api["latency_ms_p99"].is_f64());
     assert_eq!(api["meshed_pods"], 2);
+    assert_eq!(api["meshed"], "2/2");
+    assert_eq!(api["kind"], "deployment");
     // Nothing to measure: null, not "-" or 0.
     let load = &rows[1];
-    assert!(load["success_rate"].is_null());
+    assert!(load["success"].is_null());
     assert!(load["latency_ms_p50"].is_null());
     assert!(load["tls_share"].is_null());
     assert_eq!(load["rps"], 0.0);
@@ -511,7 +516,7 @@ async fn stat_scrapes_twice_and_skips_a_proxy_that_does_not_answer() {
     let api = &rows[0];
     assert_eq!(api["name"], "api");
     assert_eq!(api["requests"], 400.0);
-    assert_eq!(api["success_rate"], 0.99);
+    assert_eq!(api["success"], 0.99);
     // The window is the time between the two scrapes, measured: 300 ms and a little.
     let secs = 400.0 / api["rps"].as_f64().unwrap();
     assert!((0.3..1.5).contains(&secs), "{secs}");
