@@ -513,12 +513,21 @@ fn prometheus_agrees_with_stat() {
     // moved to `exported_namespace`, and the `destination_*` labels still say whose
     // requests they are — the same count as Linkerd's query through the other scrape.
     let count = |job: &str, sel: &str| {
-        let q = format!("sum(increase(request_total{{job=\"{job}\",direction=\"inbound\",{sel}}}[30s]))");
+        let q = format!(
+            "sum(increase(request_total{{job=\"{job}\",direction=\"inbound\",{sel}}}[30s]))"
+        );
         query(&q, Some(end))
     };
     let renamed = count("ambit-proxy-no-honor", "namespace=\"demo\"");
-    assert_eq!(renamed["data"]["result"], serde_json::json!([]), "{renamed:#}");
-    let exported = count("ambit-proxy-no-honor", "exported_namespace=\"demo\",deployment=\"web\"");
+    assert_eq!(
+        renamed["data"]["result"],
+        serde_json::json!([]),
+        "{renamed:#}"
+    );
+    let exported = count(
+        "ambit-proxy-no-honor",
+        "exported_namespace=\"demo\",deployment=\"web\"",
+    );
     let scrape_proof = count(
         "ambit-proxy-no-honor",
         "destination_workload_namespace=\"demo\",destination_workload=\"web\",destination_workload_kind=\"Deployment\"",

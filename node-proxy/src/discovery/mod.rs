@@ -13,8 +13,8 @@ mod subscriptions;
 
 pub use client::{DiscoveryClient, DiscoveryMetrics};
 pub use state::{
-    Destination, DiscoveryState, Endpoint, InvalidResource, Lookup, Resolution, Service,
-    PodRef, ServicePort, Workload,
+    Destination, DiscoveryState, Endpoint, InvalidResource, Lookup, PodRef, Resolution, Service,
+    ServicePort, Workload,
 };
 pub use subscriptions::{
     sweep, SubscriptionMetrics, Subscriptions, Target, WaitError, DEFAULT_IDLE_TIMEOUT,

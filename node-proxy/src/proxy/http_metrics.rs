@@ -384,11 +384,7 @@ mod tests {
         ];
         assert_eq!(value(&t, "response_total", &grpc_b), Some(1.0), "{t}");
         assert_eq!(
-            value(
-                &t,
-                "request_total",
-                &["tls=\"no_identity\""]
-            ),
+            value(&t, "request_total", &["tls=\"no_identity\""]),
             Some(1.0),
             "{t}"
         );

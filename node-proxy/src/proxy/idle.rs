@@ -102,7 +102,10 @@ impl<T: AsyncRead + Unpin> AsyncRead for Tracked<T> {
         let n = buf.filled().len() - before;
         if n > 0 {
             self.activity.touch();
-            self.activity.moved.read.fetch_add(n as u64, Ordering::Relaxed);
+            self.activity
+                .moved
+                .read
+                .fetch_add(n as u64, Ordering::Relaxed);
         }
         r
     }

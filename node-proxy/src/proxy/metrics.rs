@@ -1,11 +1,11 @@
 //! Connection metrics of the data path, with Linkerd's names.
 
+use crate::discovery::PodRef;
 use prometheus_client::encoding::{EncodeLabel, EncodeLabelSet};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
-use crate::discovery::PodRef;
 use std::collections::{HashMap, HashSet};
 use std::hash::Hash;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -91,10 +91,7 @@ fn label(
 }
 
 impl prometheus_client::encoding::EncodeLabelSet for TrafficLabels {
-    fn encode(
-        &self,
-        e: &mut prometheus_client::encoding::LabelSetEncoder<'_>,
-    ) -> std::fmt::Result {
+    fn encode(&self, e: &mut prometheus_client::encoding::LabelSetEncoder<'_>) -> std::fmt::Result {
         let inbound = self.direction == "inbound";
         label(e, "direction", &self.direction)?;
         // Linkerd's.
@@ -126,10 +123,17 @@ impl prometheus_client::encoding::EncodeLabelSet for TrafficLabels {
         label(e, &format!("{local}_principal"), &self.identity)?;
         if inbound {
             // What the client proved: its namespace, not yet its workload.
-            label(e, "source_workload_namespace", identity_namespace(&self.client_id))?;
+            label(
+                e,
+                "source_workload_namespace",
+                identity_namespace(&self.client_id),
+            )?;
             label(e, "source_principal", &self.client_id)?;
         } else {
-            let ns = self.dst.as_ref().map_or(&self.dst_namespace, |d| &d.namespace);
+            let ns = self
+                .dst
+                .as_ref()
+                .map_or(&self.dst_namespace, |d| &d.namespace);
             label(e, &format!("{peer}_workload_namespace"), ns)?;
             if let Some(d) = &self.dst {
                 label(e, "destination_workload", &d.workload)?;
@@ -158,11 +162,7 @@ impl TrafficLabels {
 
     /// An outbound connection from `w` to `server_id` ("" without mTLS), to `dst` (the
     /// Service's `(namespace, name)`, or the pod's namespace and "").
-    pub fn outbound(
-        w: &crate::discovery::Workload,
-        server_id: String,
-        dst: DstService,
-    ) -> Self {
+    pub fn outbound(w: &crate::discovery::Workload, server_id: String, dst: DstService) -> Self {
         let tls = if server_id.is_empty() {
             "no_identity"
         } else {
@@ -373,7 +373,10 @@ mod tests {
         m.opened(l);
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &r).unwrap();
-        let line = text.lines().find(|l| l.starts_with("tcp_open_total{")).unwrap();
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("tcp_open_total{"))
+            .unwrap();
         line.to_string()
     }
 

@@ -56,8 +56,15 @@ pub(super) async fn proxy(
     if protocol != Protocol::Opaque {
         let dst_service = resolved.as_ref().map(Resolved::dst_service);
         let dst_service = dst_service.unwrap_or_default();
-        super::http::serve_outbound(client, protocol, dst, dst_service, pod.clone(), shared.clone())
-            .await;
+        super::http::serve_outbound(
+            client,
+            protocol,
+            dst,
+            dst_service,
+            pod.clone(),
+            shared.clone(),
+        )
+        .await;
         return Ok(());
     }
     // Detection may have waited (a server-speaks-first protocol): resolve again.

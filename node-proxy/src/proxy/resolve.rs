@@ -7,7 +7,8 @@ use super::balance::{AccrualFor, NoPick, Pick};
 use super::classify::{classify, Class, GrpcCode};
 use super::{ProxyError, Shared};
 use crate::discovery::{
-    Destination, DiscoveryState, Lookup, PodRef, Subscriptions, Target as Subscribed, WaitError, Workload,
+    Destination, DiscoveryState, Lookup, PodRef, Subscriptions, Target as Subscribed, WaitError,
+    Workload,
 };
 use ambit_api::ports::{PortSet, DEFAULT_OPAQUE_PORTS};
 use ambit_api::WorkloadIdentity;
@@ -192,7 +193,10 @@ impl Resolved {
     /// The `dst_namespace` and `dst_service` labels: the Service's namespace and name;
     /// a pod's namespace and "" for a pod; both empty outside the cluster.
     pub fn dst_service(&self) -> (String, String) {
-        match (&self.service, self.targets.first().and_then(|t| t.pod.as_ref())) {
+        match (
+            &self.service,
+            self.targets.first().and_then(|t| t.pod.as_ref()),
+        ) {
             (Some(s), _) => (s.namespace.clone(), s.name.clone()),
             (None, Some(p)) => (p.namespace.clone(), String::new()),
             (None, None) => Default::default(),

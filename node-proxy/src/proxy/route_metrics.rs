@@ -98,7 +98,11 @@ struct StatusLabels {
 impl EncodeLabelSet for StatusLabels {
     fn encode(&self, e: &mut LabelSetEncoder<'_>) -> std::fmt::Result {
         self.route.encode(e)?;
-        let key = if self.grpc { "grpc_status" } else { "http_status" };
+        let key = if self.grpc {
+            "grpc_status"
+        } else {
+            "http_status"
+        };
         (key, self.status.as_str()).encode(e.encode_label())?;
         ("error", self.error.as_str()).encode(e.encode_label())
     }

@@ -177,9 +177,18 @@ mod tests {
     #[test]
     fn a_pods_workload_is_its_controller_and_a_replicaset_of_a_deployment_is_the_deployment() {
         let cases = [
-            (owned("ReplicaSet", "web-5d4f8", Some("5d4f8")), ("web", "Deployment")),
-            (owned("ReplicaSet", "web-5d4f8", None), ("web-5d4f8", "ReplicaSet")),
-            (owned("ReplicaSet", "web", Some("5d4f8")), ("web", "ReplicaSet")),
+            (
+                owned("ReplicaSet", "web-5d4f8", Some("5d4f8")),
+                ("web", "Deployment"),
+            ),
+            (
+                owned("ReplicaSet", "web-5d4f8", None),
+                ("web-5d4f8", "ReplicaSet"),
+            ),
+            (
+                owned("ReplicaSet", "web", Some("5d4f8")),
+                ("web", "ReplicaSet"),
+            ),
             (owned("StatefulSet", "db", None), ("db", "StatefulSet")),
             (owned("DaemonSet", "agent", None), ("agent", "DaemonSet")),
             (owned("Job", "migrate-28", None), ("migrate-28", "Job")),
