@@ -2,8 +2,9 @@
 //! hop was mTLS — as `linkerd viz edges`, from one scrape of the node proxies' `/metrics`.
 //!
 //! A client's proxy records each destination by the identity the server proved
-//! (`server_id`) and the Service asked for (`dst_service`); a server's proxy records each
-//! client by the identity it proved (`client_id`). Neither records the peer's pod. An edge
+//! (`server_id`), the Service asked for (`dst_service`) and, today, the workload that
+//! served (`destination_workload`); a server's proxy records each client by the identity
+//! it proved (`client_id`). Pods are paired per workload edge, not by `dst_pod` yet. An edge
 //! joins the two: the outbound series of a source pod (its workload) with the inbound
 //! series of the destination workload's pods whose client identity can be the source's
 //! (same namespace; the ServiceAccount named after the source, or after no workload the
@@ -149,7 +150,10 @@ pub fn edges(samples: &[&Sample], pods: bool, namespace: Option<&str>) -> Vec<Ed
     let dir = Directory::of(samples.iter().copied());
     let mut records: BTreeSet<Traffic> = BTreeSet::new();
     for s in samples {
-        if matches!(s.name.as_str(), "request_total" | "tcp_open_total") {
+        // An application's HTTP connection counts in tcp_open_total without `tls` (each
+        // request's hop has its own): its requests say where they went and how.
+        let http_connection = s.name == "tcp_open_total" && s.label("tls").is_empty();
+        if matches!(s.name.as_str(), "request_total" | "tcp_open_total") && !http_connection {
             records.extend(Traffic::of(s));
         }
     }
@@ -490,6 +494,21 @@ web          api      shop     shop     spiffe://cluster.local/ns/shop/sa/web   
             e.to_string()
                 .contains("none of the 1 node proxies answered"),
             "{e}"
+        );
+    }
+
+    #[test]
+    fn an_http_connection_without_tls_of_its_own_leaves_its_mtls_edge_secured() {
+        // Today's labels: the outbound HTTP connection counts in tcp_open_total without
+        // `tls`; its requests went over mTLS.
+        let text = r#"request_total{direction="outbound",namespace="shop",pod="web-0",deployment="web",server_id="spiffe://cluster.local/ns/shop/sa/api",dst_namespace="shop",dst_service="api",dst_pod="api-0",dst_deployment="api",tls="true",source_workload_namespace="shop",source_workload="web",destination_workload_namespace="shop",destination_workload="api"} 5
+tcp_open_total{direction="outbound",namespace="shop",pod="web-0",deployment="web",dst_namespace="shop",dst_service="api",source_workload_namespace="shop",source_workload="web",destination_service_namespace="shop",destination_service_name="api"} 2
+request_total{direction="inbound",namespace="shop",pod="api-0",deployment="api",client_id="spiffe://cluster.local/ns/shop/sa/web",tls="true",destination_workload_namespace="shop",destination_workload="api",source_principal="spiffe://cluster.local/ns/shop/sa/web"} 5
+# EOF
+"#;
+        assert_eq!(
+            brief(&edges_of(&[text], false, None)),
+            [e("web", "api", "shop/sa/web", "shop/sa/api", true)]
         );
     }
 }

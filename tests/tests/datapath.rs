@@ -171,7 +171,9 @@ async fn meshed_pods_talk_through_both_proxies_with_mutual_tls() {
         "client side:\n{ma}"
     );
     let mut by_service = outbound.to_vec();
-    by_service.push("dst_namespace=\"shop\",dst_service=\"server\"");
+    by_service.push("dst_namespace=\"shop\",dst_service=\"server\",dst_pod=\"server\"");
+    // A pod without a controller is its own workload, of kind Pod.
+    by_service.push("destination_workload=\"server\",destination_workload_kind=\"Pod\"");
     assert_eq!(metric_sum(&ma, "tcp_open_total", &by_service), 1, "{ma}");
     let mb = b.metrics().await;
     let line = metric_line(

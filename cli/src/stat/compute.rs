@@ -388,7 +388,9 @@ pub fn compute(before: &Snapshot, after: &Snapshot, window: Duration, sel: &Sele
                     }
                 }
                 "tcp_open_connections" => acc.open_now += s.value,
-                "tcp_open_total" => {
+                // An application's HTTP connection has no `tls` of its own (its requests
+                // have): not in the share of connections over mTLS.
+                "tcp_open_total" if !s.label("tls").is_empty() => {
                     acc.opened += inc;
                     if t.tls {
                         acc.tls_opened += inc;

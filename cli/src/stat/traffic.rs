@@ -1,12 +1,16 @@
-//! The traffic series of the node proxies (`direction`, `namespace`, `pod`, `workload`,
-//! `client_id` / `server_id`, `dst_service`, `tls`), typed, and who the peer at the other
+//! The traffic series of the node proxies (`direction`, `namespace`, `pod`, the local
+//! workload from `source_workload`/`destination_workload`, `client_id` / `server_id`,
+//! `dst_namespace` + `dst_service`, `destination_workload*`, `tls`; older proxies'
+//! `workload` and `dst_service="name.namespace"` too), typed, and who the peer at the other
 //! end of a series was.
 //!
-//! A proxy labels its own pod fully, but the peer only by identity (and, outbound, by the
-//! Service the client asked for): the proxies do not record the peer's pod or workload. A
-//! peer is named after a workload the proxies report when its identity's ServiceAccount,
-//! or else the destination Service, has that workload's name (the usual convention);
-//! otherwise it is shown as the Service (`svc/NAME`) or the identity (`sa/NAME`).
+//! A proxy labels its own pod fully. Outbound, today's proxies also name the workload that
+//! served (`destination_workload`), which names the peer; inbound, and from older proxies,
+//! the peer is known only by identity (and, outbound, by the Service the client asked
+//! for): it is named after a workload the proxies report when its identity's
+//! ServiceAccount, or else the destination Service, has that workload's name (the usual
+//! convention); otherwise it is shown as the Service (`svc/NAME`) or the identity
+//! (`sa/NAME`).
 
 use super::parse::Sample;
 use ambit_api::WorkloadIdentity;

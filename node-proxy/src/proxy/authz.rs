@@ -8,7 +8,7 @@ use super::Shared;
 use crate::discovery::Workload;
 use crate::policy::routes::RequestParts;
 use crate::policy::{Client, PortPolicy, Verdict};
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::{EncodeLabel, EncodeLabelSet, LabelSetEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
@@ -17,9 +17,10 @@ use std::sync::Arc;
 /// Denials are counted each, logged at most 20 a second.
 static DENY_LOGS: crate::limits::LogBudget = crate::limits::LogBudget::new(20);
 
-/// Labels of an authorization decision: the pod, the policy (`srv_*`) and what allowed it
-/// (`authz_*`; empty on a denial).
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+/// Labels of an authorization decision: the pod (Linkerd's `namespace`, `pod` and
+/// `deployment`/... and the scrape-proof `destination_workload*`, as the traffic
+/// metrics), the policy (`srv_*`) and what allowed it (`authz_*`; empty on a denial).
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
 pub struct AuthzLabels {
     /// The pod's namespace.
     pub namespace: String,
@@ -27,6 +28,8 @@ pub struct AuthzLabels {
     pub pod: String,
     /// Its workload.
     pub workload: String,
+    /// The workload's kind.
+    pub workload_kind: String,
     /// The port the client asked for.
     pub target_port: String,
     /// `server` or `default`.
@@ -42,6 +45,27 @@ pub struct AuthzLabels {
     pub route_kind: String,
     /// Its name.
     pub route_name: String,
+}
+
+impl EncodeLabelSet for AuthzLabels {
+    fn encode(&self, e: &mut LabelSetEncoder<'_>) -> std::fmt::Result {
+        let mut l = |k: &str, v: &str| (k, v).encode(e.encode_label());
+        l("namespace", &self.namespace)?;
+        l("pod", &self.pod)?;
+        if let Some(k) = super::metrics::kind_label(&self.workload_kind) {
+            l(k, &self.workload)?;
+        }
+        l("destination_workload_namespace", &self.namespace)?;
+        l("destination_workload", &self.workload)?;
+        l("destination_workload_kind", &self.workload_kind)?;
+        l("target_port", &self.target_port)?;
+        l("srv_kind", &self.srv_kind)?;
+        l("srv_name", &self.srv_name)?;
+        l("authz_kind", &self.authz_kind)?;
+        l("authz_name", &self.authz_name)?;
+        l("route_kind", &self.route_kind)?;
+        l("route_name", &self.route_name)
+    }
 }
 
 /// `inbound_{http,tcp}_authz_{allow,deny}_total`, `inbound_tcp_authz_terminate_total`.
@@ -203,6 +227,7 @@ fn record(
         namespace: w.namespace.clone(),
         pod: w.name.clone(),
         workload: w.workload.clone(),
+        workload_kind: w.workload_kind.clone(),
         target_port: port.to_string(),
         srv_kind: policy.kind.clone(),
         srv_name: policy.name.clone(),
@@ -248,6 +273,7 @@ pub async fn revoked(
                 namespace: w.namespace.clone(),
                 pod: w.name.clone(),
                 workload: w.workload.clone(),
+                workload_kind: w.workload_kind.clone(),
                 target_port: port.to_string(),
                 srv_kind: policy.kind.clone(),
                 srv_name: policy.name.clone(),

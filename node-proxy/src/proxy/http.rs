@@ -100,15 +100,16 @@ pub(super) async fn serve_outbound(
     shared: Arc<Shared>,
 ) {
     let metrics = shared.metrics.clone();
+    let (io, activity) = super::idle::Tracked::new(io);
     let mut tcp = TrafficLabels::outbound(&pod.workload, String::new(), dst_service);
     tcp.tls = String::new();
-    metrics.opened(&tcp);
     let shared_idle = shared.http_idle_timeout;
     let stall = super::write_stall_limit(&shared);
     let labels = TrafficLabels::outbound(&pod.workload, String::new(), DstService::default());
     let conn = Arc::new(ConnMetrics {
         series: ConnectionSeries::new(shared.http.clone(), labels),
         routes: RouteCache::default(),
+        tcp: Arc::new(TcpConnection::opened(&metrics, tcp, activity.clone())),
     });
     // Set once the pod's listeners stop (the pod left, or the proxy drains or handed its
     // listeners over): each HTTP/1 response from then on says `connection: close`.
@@ -129,7 +130,6 @@ pub(super) async fn serve_outbound(
             }
         })
     };
-    let (io, activity) = super::idle::Tracked::new(io);
     let io = ambit_serving::WriteDeadline::new(io, stall);
     let io = TokioIo::new(io);
     let idle = activity.idle_for(shared_idle);
@@ -184,8 +184,6 @@ pub(super) async fn serve_outbound(
             }
         }
     };
-    let (read, written) = activity.bytes();
-    metrics.closed(&tcp, read, written);
     if let Err(error) = result {
         metrics.error("outbound", "client");
         tracing::debug!(%error, "outbound HTTP connection ended with an error");
@@ -196,6 +194,39 @@ pub(super) async fn serve_outbound(
 struct ConnMetrics {
     series: ConnectionSeries,
     routes: RouteCache,
+    /// Held by the connection's server and by the relay of a connection it upgraded.
+    tcp: Arc<TcpConnection>,
+}
+
+/// An application's HTTP connection in the TCP metrics: closed, with the bytes it moved,
+/// when the last holder lets go — the HTTP server, or the relay of an upgrade (hyper's
+/// connection ends when it hands an upgraded connection over).
+pub(super) struct TcpConnection {
+    metrics: super::metrics::TcpMetrics,
+    labels: TrafficLabels,
+    activity: super::idle::Activity,
+}
+
+impl TcpConnection {
+    fn opened(
+        metrics: &super::metrics::TcpMetrics,
+        labels: TrafficLabels,
+        activity: super::idle::Activity,
+    ) -> Self {
+        metrics.opened(&labels);
+        Self {
+            metrics: metrics.clone(),
+            labels,
+            activity,
+        }
+    }
+}
+
+impl Drop for TcpConnection {
+    fn drop(&mut self) {
+        let (read, written) = self.activity.bytes();
+        self.metrics.closed(&self.labels, read, written);
+    }
 }
 
 async fn outbound_request(
@@ -288,8 +319,8 @@ async fn route_request(
         };
         let series = conn_series.get(&dst_service, target.identity.as_ref(), target.pod.as_ref());
         series.request();
-        let result =
-            super::upgrade::forward(req, target.addr, target.identity.clone(), pod, shared).await;
+        let (addr, id, hold) = (target.addr, target.identity.clone(), conn.tcp.clone());
+        let result = super::upgrade::forward(req, addr, id, pod, shared, hold).await;
         return series.response(start.elapsed(), finish(result, pick));
     }
     let (parts, body) = req.into_parts();

@@ -115,9 +115,10 @@ pub struct ConnectionSeries {
 /// identity and pod.
 type Seen = (DstService, Option<WorkloadIdentity>, Option<Arc<PodRef>>);
 
-/// Series a connection keeps; beyond this (a client spraying many Services over one
-/// connection), requests resolve their handles each time.
-const MAX_SERIES: usize = 16;
+/// Series a connection keeps (one per Service, endpoint identity and endpoint pod: a
+/// Service of up to 64 pods over one keep-alive connection); beyond this, requests
+/// resolve their handles each time.
+const MAX_SERIES: usize = 64;
 
 impl ConnectionSeries {
     /// The series of a connection whose requests carry `base`.

@@ -75,7 +75,9 @@ pub(super) async fn proxy(
     };
     let (target, pick) = resolved.pick(shared, &pod.workload)?;
     let labels = |server_id: String| {
-        TrafficLabels::outbound(&pod.workload, server_id, resolved.dst_service())
+        let mut l = TrafficLabels::outbound(&pod.workload, server_id, resolved.dst_service());
+        l.dst = target.pod.clone();
+        l
     };
     match target.identity {
         None => {

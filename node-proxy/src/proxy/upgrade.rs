@@ -11,6 +11,7 @@ use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
@@ -102,6 +103,7 @@ pub(super) async fn forward(
     identity: Option<WorkloadIdentity>,
     pod: &PodContext,
     shared: &Shared,
+    connection: Arc<super::http::TcpConnection>,
 ) -> Result<Response<Body>, ProxyError> {
     let client_side = hyper::upgrade::on(&mut req);
     let head = head_bytes(&req);
@@ -126,6 +128,8 @@ pub(super) async fn forward(
         .map_err(|_| ProxyError::Timeout(format!("upgrade response from {target}")))??;
     if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
         tokio::spawn(async move {
+            // The application's connection is open in the metrics until the relay ends.
+            let _connection = connection;
             match client_side.await {
                 Ok(client) => {
                     let mut client = TokioIo::new(client);
