@@ -688,7 +688,11 @@ spec: {identities: ['spiffe://cluster.local/ns/shop/sa/client']}
     let out = m.raw_to("outside", 7000, 2).await;
     assert!(out.contains("binary"), "{out}");
     let metrics = m.b.metrics().await;
-    let srv = ["srv_kind=\"server\"", "srv_name=\"web\"", "pod=\"server\""];
+    let srv = [
+        "srv_kind=\"server\"",
+        "srv_name=\"web\"",
+        "pod=\"server\",destination_workload_namespace=\"shop\",destination_workload=\"server\",destination_workload_kind=\"Pod\"",
+    ];
     let allowed = metric_sum(
         &metrics,
         "inbound_http_authz_allow_total",

@@ -308,7 +308,11 @@ async fn routes_split_retry_time_out_and_eject() {
         "300 requests made {tries} tries: the budget did not hold"
     );
     let metrics = m.a.metrics().await;
-    let route = ["route_name=\"web-routes\"", "pod=\"client\""];
+    let route = [
+        "route_name=\"web-routes\"",
+        "pod=\"client\"",
+        "source_workload=\"client\",source_workload_kind=\"Pod\",parent_group=\"core\",parent_kind=\"Service\"",
+    ];
     assert!(
         metric_sum(
             &metrics,

@@ -49,15 +49,14 @@ pub struct AuthzLabels {
 
 impl EncodeLabelSet for AuthzLabels {
     fn encode(&self, e: &mut LabelSetEncoder<'_>) -> std::fmt::Result {
+        let pod = [
+            &self.namespace,
+            &self.pod,
+            &self.workload,
+            &self.workload_kind,
+        ];
+        super::metrics::encode_pod(e, "destination", pod.map(String::as_str))?;
         let mut l = |k: &str, v: &str| (k, v).encode(e.encode_label());
-        l("namespace", &self.namespace)?;
-        l("pod", &self.pod)?;
-        if let Some(k) = super::metrics::kind_label(&self.workload_kind) {
-            l(k, &self.workload)?;
-        }
-        l("destination_workload_namespace", &self.namespace)?;
-        l("destination_workload", &self.workload)?;
-        l("destination_workload_kind", &self.workload_kind)?;
         l("target_port", &self.target_port)?;
         l("srv_kind", &self.srv_kind)?;
         l("srv_name", &self.srv_name)?;

@@ -72,13 +72,6 @@ pub fn kind_label(kind: &str) -> Option<&'static str> {
     })
 }
 
-/// The namespace of a SPIFFE identity `spiffe://<td>/ns/<ns>/sa/<sa>`.
-fn identity_namespace(id: &str) -> &str {
-    id.split_once("/ns/")
-        .and_then(|(_, rest)| rest.split('/').next())
-        .unwrap_or_default()
-}
-
 fn label(
     encoder: &mut prometheus_client::encoding::LabelSetEncoder<'_>,
     key: &str,
@@ -88,6 +81,26 @@ fn label(
         return Ok(());
     }
     (key, value).encode(encoder.encode_label())
+}
+
+/// A local pod's labels on series that are about it alone (routes, authorization): as
+/// Linkerd names them (`namespace`, `pod`, `<kind>`) and as no scrape renames them
+/// (`{side}_workload_namespace`, `{side}_workload`, `{side}_workload_kind`; `side` is
+/// `source` or `destination`).
+pub fn encode_pod(
+    e: &mut prometheus_client::encoding::LabelSetEncoder<'_>,
+    side: &str,
+    w: [&str; 4],
+) -> std::fmt::Result {
+    let [namespace, pod, workload, kind] = w;
+    label(e, "namespace", namespace)?;
+    label(e, "pod", pod)?;
+    if let Some(k) = kind_label(kind) {
+        label(e, k, workload)?;
+    }
+    label(e, &format!("{side}_workload_namespace"), namespace)?;
+    label(e, &format!("{side}_workload"), workload)?;
+    label(e, &format!("{side}_workload_kind"), kind)
 }
 
 impl prometheus_client::encoding::EncodeLabelSet for TrafficLabels {
@@ -123,11 +136,9 @@ impl prometheus_client::encoding::EncodeLabelSet for TrafficLabels {
         label(e, &format!("{local}_principal"), &self.identity)?;
         if inbound {
             // What the client proved: its namespace, not yet its workload.
-            label(
-                e,
-                "source_workload_namespace",
-                identity_namespace(&self.client_id),
-            )?;
+            let client = self.client_id.parse::<ambit_api::WorkloadIdentity>().ok();
+            let client_ns = client.as_ref().map(|c| c.namespace()).unwrap_or_default();
+            label(e, "source_workload_namespace", client_ns)?;
             label(e, "source_principal", &self.client_id)?;
         } else {
             let ns = self

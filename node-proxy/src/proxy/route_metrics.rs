@@ -57,15 +57,14 @@ impl RouteLabels {
 
 impl EncodeLabelSet for RouteLabels {
     fn encode(&self, e: &mut LabelSetEncoder<'_>) -> std::fmt::Result {
+        let pod = [
+            &self.namespace,
+            &self.pod,
+            &self.workload,
+            &self.workload_kind,
+        ];
+        super::metrics::encode_pod(e, "source", pod.map(String::as_str))?;
         let mut l = |k: &str, v: &str| (k, v).encode(e.encode_label());
-        l("namespace", &self.namespace)?;
-        l("pod", &self.pod)?;
-        if let Some(k) = super::metrics::kind_label(&self.workload_kind) {
-            l(k, &self.workload)?;
-        }
-        l("source_workload_namespace", &self.namespace)?;
-        l("source_workload", &self.workload)?;
-        l("source_workload_kind", &self.workload_kind)?;
         l("parent_group", "core")?;
         l("parent_kind", "Service")?;
         l("parent_namespace", &self.parent_namespace)?;
