@@ -89,6 +89,7 @@ pub async fn run_taking_over(
 
     let mut registry = Registry::default();
     crate::build_info::register(&mut registry);
+    crate::process_metrics::register(&mut registry);
     let identity_metrics = IdentityMetrics::register(&mut registry);
     let discovery_metrics = DiscoveryMetrics::register(&mut registry);
     let subscription_metrics =

@@ -20,6 +20,7 @@
 //! - [`logging`]: a log filter changeable at run time.
 //! - [`limits`]: connection budgets per pod and per node, out of the descriptor limit.
 //! - [`build_info`]: `proxy_build_info`, the build's version in the metrics.
+//! - [`process_metrics`]: `process_*` (CPU, memory, descriptors, threads) from `/proc`.
 //! - [`pods`]: the pod lifecycle — which local pods are served, and how each one ends
 //!   (redirection removed, or kept and failing closed).
 //! - [`policy`]: the inbound policy the control plane streams, and matching a client
@@ -50,6 +51,7 @@ pub mod netns;
 pub mod persist;
 pub mod pods;
 pub mod policy;
+pub mod process_metrics;
 pub mod proxy;
 pub mod readiness;
 pub mod stream;

@@ -397,17 +397,23 @@ fn netns_pod(name: &str, netns: &str, ip: &str) -> String {
     )
 }
 
-/// Waits until the proxy at `admin` says `pods_failing_closed` is `n`; its `/ready`.
+/// Waits until the proxy at `admin` says `pods_failing_closed` is `n` and, when `n` is 0,
+/// until `/ready` answers 200 (listeners and a certificate for a pod served again follow
+/// its release by a moment); its `/ready`.
 async fn failing_closed(proxy: &NodeProxy, n: u64) -> (u16, String) {
+    let mut ready = (0, String::new());
     for _ in 0..200 {
         let m = proxy.metrics().await;
         if metric_sum(&m, "pods_failing_closed", &[]) == n {
-            return ambit_e2e::http_get(proxy.admin_addr, "/ready").await;
+            ready = ambit_e2e::http_get(proxy.admin_addr, "/ready").await;
+            if n > 0 || ready.0 == 200 {
+                return ready;
+            }
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     panic!(
-        "pods_failing_closed never became {n}:\n{}",
+        "pods_failing_closed never became {n} with /ready {ready:?}:\n{}",
         proxy.metrics().await
     );
 }

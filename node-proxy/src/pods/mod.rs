@@ -475,16 +475,17 @@ impl Lifecycle {
                 }
             }
         }
-        self.metrics
-            .failing_closed
-            .set(i64::try_from(report.len()).unwrap_or(i64::MAX));
-        self.held.send_replace(report);
+        // Served first, held next, the gauge last: whoever sees a pod released (by the
+        // gauge or /ready) also sees its listeners open.
         self.serving.send_replace(
             served
                 .iter()
                 .map(|(k, p)| (k.clone(), p.pod.pod.netns.path().to_path_buf()))
                 .collect(),
         );
+        let failing = i64::try_from(report.len()).unwrap_or(i64::MAX);
+        self.held.send_replace(report);
+        self.metrics.failing_closed.set(failing);
     }
 }
 
