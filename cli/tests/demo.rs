@@ -195,6 +195,30 @@ fn demo_up_stat_check_prometheus_down() {
         .count();
     assert!(passed >= 2, "both proxies checked: {proxies:#}");
 
+    // The demo's policy: only web may call api; from the load generator, 403 (and the
+    // authorization metrics count the denial).
+    let out = run(&[
+        "demo",
+        "exec",
+        "load",
+        "--",
+        "curl",
+        "-sS",
+        "-m",
+        "10",
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_code}",
+        "http://10.96.80.11/",
+    ]);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "403",
+        "{}",
+        text(&out)
+    );
+
     prometheus_agrees_with_stat();
 
     // A command run as a demo pod's process goes through the mesh.

@@ -237,6 +237,7 @@ pub async fn proxy(admin: &str, bundle: &TrustBundle, version: Option<&str>) -> 
             return out;
         }
     };
+    out.push(streams(admin).await);
     if let Some(check) = same_bundle(admin, bundle, &dump) {
         out.push(check);
     }
@@ -297,6 +298,47 @@ pub async fn proxy(admin: &str, bundle: &TrustBundle, version: Option<&str>) -> 
     out
 }
 
+/// Whether the proxy at `admin` holds its discovery and policy streams open (its
+/// `discovery_connected` and `policy_connected` gauges): without the policy stream it
+/// applies `--default-inbound-policy` to every pod, not the cluster's Servers and
+/// AuthorizationPolicies.
+async fn streams(admin: &str) -> Check {
+    let description = format!("the proxy at {admin} holds its discovery and policy streams");
+    let metrics = match http_get(&format!("{admin}/metrics")).await {
+        Ok((200, body)) => body,
+        Ok((status, body)) => {
+            return Check::fail(
+                description,
+                format!("/metrics: {status} {}", body.trim()),
+                "is --proxy-admin its admin address (:4191)?",
+            )
+        }
+        Err(e) => return Check::fail(description, e, "is it running?"),
+    };
+    stream_check(description, &metrics)
+}
+
+fn stream_check(description: String, metrics: &str) -> Check {
+    let gauge = |name: &str| -> Option<f64> {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+            .and_then(|v| v.trim().parse().ok())
+    };
+    let down: Vec<&str> = ["discovery", "policy"]
+        .into_iter()
+        .filter(|s| gauge(&format!("{s}_connected")) != Some(1.0))
+        .collect();
+    if down.is_empty() {
+        return Check::ok(description);
+    }
+    Check::fail(
+        description,
+        format!("not connected: {}", down.join(", ")),
+        "it serves from its last state (or, for policy, --default-inbound-policy) meanwhile: check its --discovery-url/--policy-url and its log for the reason",
+    )
+}
+
 /// Whether the proxy trusts exactly the roots of `bundle` (its `/config_dump`'s
 /// `trust_bundle`): between the steps of a rotation, every proxy must have taken the new
 /// bundle before the next step. `None` for a proxy that does not say.
@@ -338,6 +380,19 @@ fn same_bundle(admin: &str, bundle: &TrustBundle, dump: &serde_json::Value) -> O
 mod tests {
     use super::*;
     use crate::check::report::Status;
+
+    #[test]
+    fn a_proxy_without_its_policy_stream_fails_the_check_naming_it() {
+        let both = "# HELP x\ndiscovery_connected 1\npolicy_connected 1\n";
+        assert_eq!(stream_check("d".into(), both).result, Status::Success);
+        let no_policy = "discovery_connected 1\npolicy_connected 0\n";
+        let c = stream_check("d".into(), no_policy);
+        assert_eq!(c.result, Status::Error);
+        assert_eq!(c.error.as_deref(), Some("not connected: policy"));
+        // An older proxy without the gauge: not known to be connected.
+        let c = stream_check("d".into(), "discovery_connected 1\n");
+        assert_eq!(c.error.as_deref(), Some("not connected: policy"));
+    }
 
     #[test]
     fn chunked_bodies_are_joined() {

@@ -78,7 +78,8 @@ pub const SERVICES: [Service; 3] = [
     },
 ];
 
-fn service(name: &str) -> &'static Service {
+/// The demo Service `name`.
+pub fn service(name: &str) -> &'static Service {
     SERVICES
         .iter()
         .find(|s| s.name == name)
@@ -285,5 +286,45 @@ endpoints:
             endpoints = endpoints.concat(),
         );
     }
+    y.push_str(&policy_and_routes());
     y
+}
+
+/// Only web may call api (a Server, its AuthorizationPolicy naming web's identity: from
+/// another pod api answers 403), and an HTTPRoute on api's Service with a request timeout,
+/// so that the authorization and route metrics (and their dashboards) have series.
+fn policy_and_routes() -> String {
+    let api = service("api");
+    format!(
+        "---
+# Only web may call api: `ambit demo exec load -- curl -s http://{ip}/` gets 403.
+apiVersion: policy.ambit.dev/v1alpha1
+kind: Server
+metadata: {{name: api, namespace: {NAMESPACE}}}
+spec: {{podSelector: {{matchLabels: {{app: api}}}}, port: {target}}}
+---
+apiVersion: policy.ambit.dev/v1alpha1
+kind: MeshTLSAuthentication
+metadata: {{name: web, namespace: {NAMESPACE}}}
+spec: {{identities: ['spiffe://cluster.local/ns/{NAMESPACE}/sa/web']}}
+---
+apiVersion: policy.ambit.dev/v1alpha1
+kind: AuthorizationPolicy
+metadata: {{name: api-from-web, namespace: {NAMESPACE}}}
+spec:
+  targetRef: {{group: policy.ambit.dev, kind: Server, name: api}}
+  requiredAuthenticationRefs: [{{group: policy.ambit.dev, kind: MeshTLSAuthentication, name: web}}]
+---
+# Requests to api: a route with a timeout (outbound_http_route_* by route_name=\"api\").
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{name: api, namespace: {NAMESPACE}}}
+spec:
+  parentRefs: [{{group: core, kind: Service, name: api, port: {port}}}]
+  rules: [{{backendRefs: [{{name: api, port: {port}}}], timeouts: {{request: 5s}}}}]
+",
+        ip = api.cluster_ip,
+        target = api.target_port,
+        port = api.port,
+    )
 }

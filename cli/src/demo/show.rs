@@ -1,7 +1,7 @@
 //! What the demo prints: what runs where, which files to edit and what to try next; what
 //! `down` removed; and `ambit demo`'s refreshing `ambit stat`.
 
-use super::cluster::{CATALOG_FAIL_PERCENT, LOAD_RPS, NAMESPACE, SERVICES};
+use super::cluster::{service, CATALOG_FAIL_PERCENT, LOAD_RPS, NAMESPACE, SERVICES};
 use super::down::Removed;
 use super::state::State;
 use super::term;
@@ -61,7 +61,7 @@ fn summary_text(s: &State) -> String {
         s.control.cluster_dir.display(),
         s.dir.display()
     );
-    let web = SERVICES[0].cluster_ip;
+    let (web, api) = (service("web").cluster_ip, service("api").cluster_ip);
     // As the user ran it (target/release/ambit until it is on the PATH).
     let ambit = std::env::args().next().unwrap_or_else(|| "ambit".into());
     let tries = [
@@ -88,6 +88,10 @@ fn summary_text(s: &State) -> String {
         (
             format!("demo exec load -- curl -s http://{web}/"),
             "a request from a meshed pod",
+        ),
+        (
+            format!("demo exec load -- curl -s http://{api}/"),
+            "403: only web may call api",
         ),
         ("demo down".to_string(), "remove everything"),
     ];

@@ -51,6 +51,9 @@ pub struct Control {
     pub identity_url: String,
     /// Its discovery service (`https://…`).
     pub discovery_url: String,
+    /// Its inbound policy service (`https://…`).
+    #[serde(default)]
+    pub policy_url: String,
     /// Its admin server (`http://…`).
     pub admin_url: String,
     /// The trust anchors (PEM).

@@ -19,8 +19,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// The control plane's ports on 127.0.0.1: identity, discovery, admin.
-const CONTROL_PORTS: (u16, u16, u16) = (17080, 17086, 17990);
+/// The control plane's ports on 127.0.0.1: identity, discovery, policy, admin.
+const CONTROL_PORTS: (u16, u16, u16, u16) = (17080, 17086, 17090, 17990);
 /// The node proxies' admin ports on 127.0.0.1, one per node of [`NODES`].
 const PROXY_ADMIN_PORTS: [u16; 2] = [17191, 17192];
 /// How long each step may take before `up` gives up (and says where to look).
@@ -91,11 +91,12 @@ pub fn up(args: &UpArgs) -> anyhow::Result<State> {
     s.save()?;
 
     step("the control plane (local backend)")?;
-    let (identity, discovery, admin) = CONTROL_PORTS;
+    let (identity, discovery, policy, admin) = CONTROL_PORTS;
     let pki = dir.join("pki");
     s.control = Control {
         identity_url: format!("https://127.0.0.1:{identity}"),
         discovery_url: format!("https://127.0.0.1:{discovery}"),
+        policy_url: format!("https://127.0.0.1:{policy}"),
         admin_url: format!("http://127.0.0.1:{admin}"),
         trust_anchors: pki.join(crate::pki::TRUST_ANCHOR_CERT),
         issuer_cert: pki.join(crate::pki::ISSUER_CERT),
@@ -116,6 +117,8 @@ pub fn up(args: &UpArgs) -> anyhow::Result<State> {
         format!("127.0.0.1:{identity}"),
         "--discovery-addr".into(),
         format!("127.0.0.1:{discovery}"),
+        "--policy-addr".into(),
+        format!("127.0.0.1:{policy}"),
         "--admin-addr".into(),
         format!("127.0.0.1:{admin}"),
     ];
@@ -138,6 +141,8 @@ pub fn up(args: &UpArgs) -> anyhow::Result<State> {
             s.control.identity_url.clone(),
             "--discovery-url".into(),
             s.control.discovery_url.clone(),
+            "--policy-url".into(),
+            s.control.policy_url.clone(),
             "--token-file".into(),
             path(&dir.join(format!("{}.token", node.name))),
             "--trust-anchors".into(),
