@@ -2,6 +2,7 @@
 Kubernetes schemas (kubernetes-validate --strict) and the CRDs' own schemas."""
 
 import copy
+import json
 
 import helm_python
 import jsonschema
@@ -260,6 +261,32 @@ def test_pod_monitor_is_optional_and_selects_both_admin_ports(pki):
     for kind, name in [("DaemonSet", "ambit-proxy"), ("Deployment", "ambit-control")]:
         labels = find(objects, kind, name)["spec"]["template"]["metadata"]["labels"]
         assert labels["app.kubernetes.io/name"] in selected
+
+
+def test_grafana_dashboards_are_optional_configmaps_for_the_sidecar_holding_each_file(pki):
+    assert not [o for o in render(AMBIT, sample_values(pki)) if o["kind"] == "ConfigMap" and o["metadata"]["name"].endswith("-dashboard")]
+    values = sample_values(pki, grafana={"dashboards": {"enabled": True, "namespace": "monitoring", "annotations": {"grafana_folder": "Ambit"}}})
+    maps = [o for o in render(AMBIT, values) if o["kind"] == "ConfigMap" and o["metadata"]["name"].endswith("-dashboard")]
+    files = sorted((AMBIT / "dashboards").glob("*.json"))
+    assert len(files) >= 5
+    assert sorted(m["metadata"]["name"] for m in maps) == sorted(f.stem + "-dashboard" for f in files)
+    for m in maps:
+        assert m["metadata"]["namespace"] == "monitoring"
+        assert m["metadata"]["labels"]["grafana_dashboard"] == "1"
+        assert m["metadata"]["annotations"] == {"grafana_folder": "Ambit"}
+        (key, text), = m["data"].items()
+        dashboard = json.loads(text)
+        assert dashboard == json.loads((AMBIT / "dashboards" / key).read_text())
+        # Grafana imports it anywhere: the data source is a variable, and uids are unique.
+        assert dashboard["templating"]["list"][0]["type"] == "datasource"
+        ids = [p["id"] for p in dashboard["panels"]]
+        assert len(ids) == len(set(ids))
+        for p in dashboard["panels"]:
+            assert p["gridPos"]["x"] + p["gridPos"]["w"] <= 24
+            if p["type"] != "row":
+                assert p["datasource"]["uid"] == "${datasource}"
+    uids = [json.loads(next(iter(m["data"].values())))["uid"] for m in maps]
+    assert len(uids) == len(set(uids))
 
 
 def crd_schemas():

@@ -230,6 +230,73 @@ impl Mesh {
     }
 }
 
+/// A keep-alive HTTP connection's bytes count while it is open (as Linkerd's do), not
+/// only when it closes: a connection that lives for hours shows its traffic as it goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keep_alive_connection_counts_its_bytes_while_it_is_open() {
+    let m = mesh().await;
+    let mut s = m
+        .client
+        .connect("10.96.0.8:80".parse().unwrap(), 0)
+        .await
+        .unwrap();
+    let request = b"GET /hello HTTP/1.1\r\nHost: web\r\n\r\n";
+    let http_conn = ["direction=\"outbound\"", "dst_service=\"web\""];
+    let value = |ma: &str, name: &str| -> u64 {
+        metric(ma, name, &http_conn)
+            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+            .unwrap_or_else(|| panic!("{name}: {ma}"))
+    };
+    let mut read_before = 0;
+    for round in 1..=2u64 {
+        s.write_all(request).await.unwrap();
+        let response = read_response(&mut s).await;
+        assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+        let ma = m.a.metrics().await;
+        assert_eq!(value(&ma, "tcp_open_connections"), 1, "{ma}");
+        let read = value(&ma, "tcp_read_bytes_total");
+        assert!(
+            read >= round * request.len() as u64 && read > read_before,
+            "round {round}: {read} bytes read, {read_before} before: {ma}"
+        );
+        read_before = read;
+        // The first response has been written by the time the second request is read.
+        if round == 2 {
+            assert!(value(&ma, "tcp_write_bytes_total") > 0, "{ma}");
+        }
+    }
+    drop(s);
+    m.stop().await;
+}
+
+/// One HTTP/1.1 response with a `content-length`, read from `s`.
+async fn read_response(s: &mut tokio::net::TcpStream) -> String {
+    let mut got = Vec::new();
+    let mut b = [0u8; 1024];
+    loop {
+        let n = tokio::time::timeout(Duration::from_secs(10), s.read(&mut b))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(n > 0, "closed: {}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&b[..n]);
+        let text = String::from_utf8_lossy(&got).to_string();
+        if let Some((head, body)) = text.split_once("\r\n\r\n") {
+            let len = head
+                .lines()
+                .find_map(|l| {
+                    let (k, v) = l.split_once(':')?;
+                    k.eq_ignore_ascii_case("content-length")
+                        .then(|| v.trim().parse::<usize>().ok())?
+                })
+                .expect("a content-length");
+            if body.len() >= len {
+                return text;
+            }
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn curl_over_http1_and_http2_through_the_mesh() {
     let m = mesh().await;

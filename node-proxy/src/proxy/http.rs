@@ -18,7 +18,9 @@ use http::{Request, Response, StatusCode, Uri, Version};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
+use prometheus_client::metrics::counter::Counter;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpStream;
@@ -198,13 +200,18 @@ struct ConnMetrics {
     tcp: Arc<TcpConnection>,
 }
 
-/// An application's HTTP connection in the TCP metrics: closed, with the bytes it moved,
-/// when the last holder lets go — the HTTP server, or the relay of an upgrade (hyper's
-/// connection ends when it hands an upgraded connection over).
+/// An application's HTTP connection in the TCP metrics: its bytes counted after each
+/// request ([`Self::flush`]) — a keep-alive connection that lives for hours shows its
+/// traffic as it goes, as Linkerd's do —, closed when the last holder lets go: the HTTP
+/// server, or the relay of an upgrade (hyper's connection ends when it hands an upgraded
+/// connection over).
 pub(super) struct TcpConnection {
     metrics: super::metrics::TcpMetrics,
     labels: TrafficLabels,
     activity: super::idle::Activity,
+    counters: (Counter, Counter),
+    /// The bytes already added to `counters`, read and written.
+    flushed: (AtomicU64, AtomicU64),
 }
 
 impl TcpConnection {
@@ -215,17 +222,30 @@ impl TcpConnection {
     ) -> Self {
         metrics.opened(&labels);
         Self {
+            counters: metrics.byte_counters(&labels),
             metrics: metrics.clone(),
             labels,
             activity,
+            flushed: Default::default(),
         }
+    }
+
+    /// Adds the bytes moved since the last flush to the connection's counters.
+    pub(super) fn flush(&self) {
+        let (read, written) = self.activity.bytes();
+        let add = |counter: &Counter, flushed: &AtomicU64, now: u64| {
+            let before = flushed.swap(now, Ordering::Relaxed);
+            counter.inc_by(now.saturating_sub(before));
+        };
+        add(&self.counters.0, &self.flushed.0, read);
+        add(&self.counters.1, &self.flushed.1, written);
     }
 }
 
 impl Drop for TcpConnection {
     fn drop(&mut self) {
-        let (read, written) = self.activity.bytes();
-        self.metrics.closed(&self.labels, read, written);
+        self.flush();
+        self.metrics.ended(&self.labels);
     }
 }
 
@@ -238,6 +258,7 @@ async fn outbound_request(
 ) -> Response<Body> {
     let grpc = super::classify::is_grpc(req.headers());
     let resp = route_request(req, dst, pod, shared, conn).await;
+    conn.tcp.flush();
     if grpc {
         grpc_answer(resp)
     } else {

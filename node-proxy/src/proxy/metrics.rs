@@ -330,10 +330,25 @@ impl TcpMetrics {
 
     /// A connection closed after moving `read` and `written` bytes.
     pub fn closed(&self, l: &TrafficLabels, read: u64, written: u64) {
-        self.close_total.get_or_create(l).inc();
-        self.open_connections.get_or_create(l).dec();
+        self.ended(l);
         self.read_bytes.get_or_create(l).inc_by(read);
         self.write_bytes.get_or_create(l).inc_by(written);
+    }
+
+    /// A connection whose bytes were counted as they moved ([`Self::byte_counters`])
+    /// closed.
+    pub fn ended(&self, l: &TrafficLabels) {
+        self.close_total.get_or_create(l).inc();
+        self.open_connections.get_or_create(l).dec();
+    }
+
+    /// The read and written byte counters of `l`'s series, for a connection that counts
+    /// its bytes while it is open (an atomic add each, no label lookup).
+    pub fn byte_counters(&self, l: &TrafficLabels) -> (Counter, Counter) {
+        (
+            self.read_bytes.get_or_create(l).clone(),
+            self.write_bytes.get_or_create(l).clone(),
+        )
     }
 
     /// An opaque stream between node proxies opened on `transport`.
