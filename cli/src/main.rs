@@ -16,6 +16,7 @@
 
 mod check;
 mod demo;
+mod diagnostics;
 mod edges;
 mod pki;
 mod stat;
@@ -80,6 +81,11 @@ enum Command {
         #[command(flatten)]
         kube: stat::kube::KubeArgs,
     },
+    /// What each node proxy holds, as `linkerd diagnostics`: its raw metrics, the pods it
+    /// serves, its certificates, the Services and endpoints it knows, its pods' inbound
+    /// policy.
+    #[command(subcommand)]
+    Diagnostics(diagnostics::Diagnostics),
     /// Print a completion script: `source <(ambit completion bash)`, or save it where the
     /// shell loads completions (bash: /etc/bash_completion.d/ambit; zsh: a `_ambit` file
     /// on $fpath; fish: ~/.config/fish/completions/ambit.fish).
@@ -100,6 +106,7 @@ fn main() -> anyhow::Result<()> {
         Command::Stat { args, kube } => stat::run(args, &kube),
         Command::Edges { args, kube } => edges::run(args, &kube),
         Command::Version { args, kube } => version::run(args, &kube),
+        Command::Diagnostics(cmd) => diagnostics::run(cmd),
         Command::Completion { shell } => {
             clap_complete::generate(shell, &mut Cli::command(), "ambit", &mut std::io::stdout());
             Ok(())

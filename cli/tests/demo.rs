@@ -222,6 +222,48 @@ fn demo_up_stat_check_prometheus_down() {
         text(&out)
     );
 
+    // What the proxies hold: the Server and its policy on api, catalog's two endpoints,
+    // every pod's certificate.
+    let out = run(&["diagnostics", "policy", "-n", "demo", "-o", "json"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let policy: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let api = policy
+        .as_array()
+        .unwrap()
+        .iter()
+        .find_map(|p| {
+            p["pods"]
+                .as_object()?
+                .iter()
+                .find(|(k, _)| k.starts_with("demo/api-"))
+        })
+        .unwrap_or_else(|| panic!("{policy:#}"))
+        .1;
+    assert_eq!(api["from"], "control plane", "{api:#}");
+    let port = &api["policy"]["ports"]["8080"];
+    assert_eq!(port["server"]["name"], "api", "{api:#}");
+    assert_eq!(
+        port["authorizations"][0]["identities"],
+        serde_json::json!(["spiffe://cluster.local/ns/demo/sa/web"]),
+        "{api:#}"
+    );
+    let out = run(&["diagnostics", "endpoints", "catalog", "-n", "demo"]);
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    assert_eq!(t.matches("demo/catalog-84d7b6c9f-").count(), 2, "{t}");
+    let out = run(&["diagnostics", "certificates", "-n", "demo"]);
+    let t = text(&out);
+    assert!(
+        out.status.success() && !t.contains("no certificate yet"),
+        "{t}"
+    );
+    for sa in ["load", "web", "api", "catalog"] {
+        assert!(
+            t.contains(&format!("spiffe://cluster.local/ns/demo/sa/{sa}")),
+            "{t}"
+        );
+    }
+
     prometheus::agrees_with_stat_and_fills_the_dashboards();
 
     // A command run as a demo pod's process goes through the mesh.

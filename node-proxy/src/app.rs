@@ -267,6 +267,7 @@ pub async fn run_taking_over(
                 redirector: redirector.clone(),
                 cni_pods: pods.clone(),
                 kernel_tls: kernel_tls.clone(),
+                policy: policy_rx.clone(),
             },
         ))),
         log_level,

@@ -25,6 +25,22 @@ fn unix(t: SystemTime) -> u64 {
         .unwrap_or(0)
 }
 
+/// A Service as discovery holds it: its addresses, ports and endpoints.
+fn service(svc: &crate::discovery::Service) -> serde_json::Value {
+    json!({
+        "cluster_ips": svc.cluster_ips,
+        "ports": svc.ports.iter().map(|p| json!({"name": p.name, "port": p.port})).collect::<Vec<_>>(),
+        "endpoints": svc.endpoints.iter().map(|e| json!({
+            "address": e.address,
+            "ports": e.ports,
+            "ready": e.ready,
+            "pod": e.pod,
+            "node": e.node,
+            "identity": e.identity.as_ref().map(ToString::to_string),
+        })).collect::<Vec<_>>(),
+    })
+}
+
 /// What `/config_dump` reads from.
 #[derive(Debug)]
 pub struct Sources {
@@ -42,6 +58,8 @@ pub struct Sources {
     pub cni_pods: crate::cni::PodRegistry,
     /// Whether opaque streams take kernel TLS.
     pub kernel_tls: crate::ktls::KernelTls,
+    /// The inbound policy of the node's pods.
+    pub policy: watch::Receiver<Arc<crate::policy::PolicyState>>,
 }
 
 /// The proxy's own part of `/config_dump` (the trust bundle's and the persisted state's
@@ -55,6 +73,7 @@ pub fn config_dump(sources: Sources) -> admin::ConfigDump {
         redirector,
         cni_pods,
         kernel_tls,
+        policy,
     } = sources;
     Arc::new(move || {
         let s = state.borrow().clone();
@@ -117,7 +136,13 @@ pub fn config_dump(sources: Sources) -> admin::ConfigDump {
                         (t.clone(), serde_json::Value::String(what))
                     })
                     .collect::<serde_json::Map<_, _>>(),
+                // The Services it holds (those its pods use), with their endpoints.
+                "endpoints": s
+                    .services()
+                    .map(|svc| (format!("{}/{}", svc.namespace, svc.name), service(svc)))
+                    .collect::<serde_json::Map<_, _>>(),
             },
+            "policy": crate::policy::dump::dump(&policy.borrow()),
             "pods": pods,
             "identities": ids,
         })

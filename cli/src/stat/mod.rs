@@ -59,8 +59,9 @@ Without --from/--to a row counts what its pods receive (the servers' view). --fr
 --to count what clients send (the outbound side), so they include failures the client saw.
 The proxies name a peer only by its identity and the Service asked for: a destination is
 the workload its ServiceAccount or its Service is named after, else svc/NAME or sa/NAME.
-TCP_CONN and the byte rates count opaque TCP (the proxies keep no TCP series for HTTP
-connections), and bytes are added when a connection closes.")]
+TCP_CONN and the byte rates count the connections applications open through their proxy,
+opaque and HTTP alike (not yet the inbound HTTP streams between proxies); an HTTP
+connection's bytes are added after each request, an opaque one's when it closes.")]
 pub struct StatArgs {
     /// What to show a row for: deploy, pod or ns; or TYPE/NAME for one of them.
     #[arg(value_name = "TYPE", default_value = "deploy")]

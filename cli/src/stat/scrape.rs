@@ -93,6 +93,10 @@ pub enum Proxy {
 
 impl Proxy {
     /// The text of its `/metrics`; an error says what happened and what to do.
+    pub async fn text(&self) -> Result<String, ScrapeError> {
+        self.fetch().await
+    }
+
     async fn fetch(&self) -> Result<String, ScrapeError> {
         match self {
             Self::Admin(url) => get(url).await,

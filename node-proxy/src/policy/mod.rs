@@ -8,6 +8,7 @@
 //! on the mesh listener (4143, by identity and address).
 
 mod client;
+pub mod dump;
 mod model;
 pub mod routes;
 mod state;

@@ -194,6 +194,11 @@ impl PartialEq for InboundRoutes {
 impl Eq for InboundRoutes {}
 
 impl InboundRoutes {
+    /// The routes, in precedence order.
+    pub fn iter(&self) -> impl Iterator<Item = &InboundRoute> {
+        self.routes.iter()
+    }
+
     pub(crate) fn from_pb(routes: &[pb::InboundRoute]) -> Result<Self, String> {
         let parsed = routes
             .iter()

@@ -66,6 +66,27 @@ impl PolicyState {
         self.services.get(namespace)?.get(name).cloned()
     }
 
+    /// Every pod's policy from the control plane, by "<namespace>/<name>".
+    pub fn pods(&self) -> impl Iterator<Item = (&String, &Arc<PodPolicy>)> {
+        self.pods.iter()
+    }
+
+    /// The policy of a pod the control plane has sent none for.
+    pub fn fallback(&self) -> &Arc<PodPolicy> {
+        &self.fallback
+    }
+
+    /// The Services with outbound routes, as "<namespace>/<name>".
+    pub fn routed_services(&self) -> Vec<String> {
+        let mut out: Vec<String> = self
+            .services
+            .iter()
+            .flat_map(|(ns, names)| names.keys().map(move |n| format!("{ns}/{n}")))
+            .collect();
+        out.sort();
+        out
+    }
+
     /// Whether a snapshot has arrived.
     pub fn synced(&self) -> bool {
         self.synced
