@@ -47,6 +47,8 @@ pub mod env {
     pub const MAX_CONNECTIONS: &str = "AMBIT_MAX_CONNECTIONS";
     /// Log filter.
     pub const LOG: &str = "AMBIT_LOG";
+    /// Log line format.
+    pub const LOG_FORMAT: &str = "AMBIT_LOG_FORMAT";
     /// Namespace of the control plane (its own identity).
     pub const CONTROL_NAMESPACE: &str = "AMBIT_CONTROL_NAMESPACE";
     /// ServiceAccount of the control plane (its own identity).
@@ -66,6 +68,17 @@ pub const MAX_TOKEN_REVIEW_CACHE_TTL: Duration = Duration::from_secs(600);
 
 /// Shortest workload certificate lifetime accepted.
 pub const MIN_CERT_LIFETIME: Duration = Duration::from_secs(60);
+
+/// How log lines are written.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// One human-readable line per event.
+    #[default]
+    Plain,
+    /// One JSON object per line.
+    Json,
+}
 
 /// Where the control plane reads cluster state from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
@@ -177,6 +190,9 @@ pub struct Config {
     /// Log filter, e.g. `info` or `ambit_control=debug`.
     #[arg(long, env = env::LOG, default_value = "info")]
     pub log: String,
+    /// Log line format: `plain`, or `json` (one object per line, for log pipelines).
+    #[arg(long, env = env::LOG_FORMAT, value_enum, default_value = "plain")]
+    pub log_format: LogFormat,
 }
 
 fn ser_duration<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {

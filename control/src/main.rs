@@ -8,10 +8,16 @@ use clap::Parser;
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let config = Config::parse();
-    tracing_subscriber::fmt()
+    let filter = tracing_subscriber::EnvFilter::try_new(&config.log).context("--log")?;
+    let logs = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
-        .with_env_filter(tracing_subscriber::EnvFilter::try_new(&config.log).context("--log")?)
-        .init();
+        // Colours only on a terminal: a pod's log is a file, where escape codes are noise.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_env_filter(filter);
+    match config.log_format {
+        ambit_control::config::LogFormat::Plain => logs.init(),
+        ambit_control::config::LogFormat::Json => logs.json().with_current_span(true).init(),
+    }
     let listeners = Listeners {
         identity: tokio::net::TcpListener::bind(config.identity_addr)
             .await

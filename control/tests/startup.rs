@@ -33,38 +33,42 @@ impl Setup {
 
     /// Runs the binary; it must exit (with an error) rather than serve.
     fn run(&self, extra: &[&str]) -> (bool, String) {
-        let out = Command::new(env!("CARGO_BIN_EXE_ambit-control"))
-            .args([
-                "--trust-anchors",
-                &self.path("root.crt"),
-                "--issuer-cert",
-                &self.path("issuer.crt"),
-                "--issuer-key",
-                &self.path("issuer.key"),
-            ])
-            .args([
-                "--local-dir",
-                &self.path("cluster"),
-                "--node-tokens",
-                &self.path("tokens.yaml"),
-            ])
-            .args([
-                "--identity-addr",
-                "127.0.0.1:0",
-                "--discovery-addr",
-                "127.0.0.1:0",
-                "--policy-addr",
-                "127.0.0.1:0",
-                "--admin-addr",
-                "127.0.0.1:0",
-            ])
-            .args(extra)
-            .output()
-            .unwrap();
+        let out = self.command(extra).output().unwrap();
         (
             out.status.success(),
             String::from_utf8_lossy(&out.stderr).into_owned(),
         )
+    }
+
+    /// The binary with this setup's files and loopback ports, then `extra`.
+    fn command(&self, extra: &[&str]) -> Command {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_ambit-control"));
+        c.args([
+            "--trust-anchors",
+            &self.path("root.crt"),
+            "--issuer-cert",
+            &self.path("issuer.crt"),
+            "--issuer-key",
+            &self.path("issuer.key"),
+        ])
+        .args([
+            "--local-dir",
+            &self.path("cluster"),
+            "--node-tokens",
+            &self.path("tokens.yaml"),
+        ])
+        .args([
+            "--identity-addr",
+            "127.0.0.1:0",
+            "--discovery-addr",
+            "127.0.0.1:0",
+            "--policy-addr",
+            "127.0.0.1:0",
+            "--admin-addr",
+            "127.0.0.1:0",
+        ])
+        .args(extra);
+        c
     }
 }
 
@@ -184,4 +188,64 @@ fn invalid_local_state_stops_start_up_naming_the_file() {
         err.contains("pods.yaml (document 1): Pod web: field `spec.nodename`: unknown field"),
         "{err}"
     );
+}
+
+/// `--log-format json` (the chart's `logFormat`): every log line is one JSON object, and
+/// no terminal escape codes reach a pod's log.
+#[test]
+fn json_logs_are_one_object_per_line() {
+    use std::io::BufRead;
+    let s = Setup::new();
+    good_pki(&s);
+    let (_, err) = s.run(&["--log-format", "yaml"]);
+    assert!(
+        err.contains("invalid value 'yaml' for '--log-format"),
+        "{err}"
+    );
+    // A good configuration: it serves, logging as it starts; read its first lines, then
+    // stop it (by its pid).
+    let mut child = s
+        .command(&["--log-format", "json"])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let stderr = child.stderr.take().unwrap();
+    let _kill = Kill(child);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr).lines() {
+            if tx.send(line.unwrap_or_default()).is_err() {
+                break;
+            }
+        }
+    });
+    let mut lines = Vec::new();
+    while let Ok(line) = rx.recv_timeout(Duration::from_secs(20)) {
+        let loaded = line.contains("loaded local cluster state");
+        lines.push(line);
+        if loaded {
+            break;
+        }
+    }
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("loaded local cluster state")),
+        "{lines:#?}"
+    );
+    for l in &lines {
+        let v: serde_json::Value = serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}"));
+        assert!(
+            v["level"].is_string() && v["fields"]["message"].is_string(),
+            "{l}"
+        );
+        assert!(!l.contains('\u{1b}'), "escape codes: {l:?}");
+    }
 }

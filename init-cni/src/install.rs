@@ -12,6 +12,7 @@
 //! is away then fail to start rather than start unprotected (fail closed).
 //! `ambit-cni uninstall` takes it out by hand.
 
+use crate::log::{say, Level};
 use crate::owner::{self, Lifecycle, Owner};
 use serde_json::{json, Map, Value};
 use std::io;
@@ -300,11 +301,21 @@ pub fn main() -> i32 {
             kube_credentials,
         } => {
             if let Err(e) = ambit_api::duration::parse_duration(&timeout) {
-                eprintln!("ambit-cni install: --timeout {timeout:?}: {e}");
+                say(
+                    Level::Error,
+                    "ambit-cni install",
+                    format_args!("--timeout {timeout:?}: {e}"),
+                );
                 return 2;
             }
             if owner_daemonset.is_some() && !watch {
-                eprintln!("ambit-cni install: --owner-daemonset needs --watch (it acts when the installer stops)");
+                say(
+                    Level::Error,
+                    "ambit-cni install",
+                    format_args!(
+                        "--owner-daemonset needs --watch (it acts when the installer stops)"
+                    ),
+                );
                 return 2;
             }
             let entry = plugin_entry(&socket, &timeout, &exclude_namespaces);
@@ -316,7 +327,7 @@ pub fn main() -> i32 {
     match result {
         Ok(()) => 0,
         Err(e) => {
-            eprintln!("ambit-cni: {e}");
+            say(Level::Error, "ambit-cni", format_args!("{e}"));
             1
         }
     }
@@ -332,14 +343,26 @@ fn install(
     let stop = if watch { Some(stop_signals()?) } else { None };
     let me = std::env::current_exe().map_err(io_err("finding this executable".into()))?;
     let bin = install_binary(&me, &dirs.cni_bin_dir)?;
-    eprintln!("ambit-cni: installed {}", bin.display());
+    say(
+        Level::Info,
+        "ambit-cni",
+        format_args!("installed {}", bin.display()),
+    );
     loop {
         match chain(&dirs.cni_conf_dir, entry) {
-            Ok(Change::Written(path)) => eprintln!("ambit-cni: chained into {}", path.display()),
+            Ok(Change::Written(path)) => say(
+                Level::Info,
+                "ambit-cni",
+                format_args!("chained into {}", path.display()),
+            ),
             Ok(Change::Unchanged) => {}
             // Waiting for the primary CNI to write its configuration is normal at boot; a
             // file caught half-written is read again on the next pass.
-            Err(e) if watch => eprintln!("ambit-cni: {e}; trying again in {interval:?}"),
+            Err(e) if watch => say(
+                Level::Warn,
+                "ambit-cni",
+                format_args!("{e}; trying again in {interval:?}"),
+            ),
             Err(e) => return Err(e),
         }
         let Some(stop) = &stop else {
@@ -384,7 +407,7 @@ const OWNER_TIMEOUT: Duration = Duration::from_secs(5);
 fn stopping(dirs: &Dirs, owner: Option<&(Owner, PathBuf)>) -> Result<(), InstallError> {
     let stays = "the plugin stays chained; `ambit-cni uninstall` removes it";
     let Some((owner, credentials)) = owner else {
-        eprintln!("ambit-cni: stopping ({stays})");
+        say(Level::Info, "ambit-cni", format_args!("stopping ({stays})"));
         return Ok(());
     };
     let ask = || {
@@ -393,14 +416,22 @@ fn stopping(dirs: &Dirs, owner: Option<&(Owner, PathBuf)>) -> Result<(), Install
     };
     // One retry: an API server restarting, a connection cut.
     let answer = ask().or_else(|e| {
-        eprintln!("ambit-cni: asking for DaemonSet {owner}: {e}; asking again");
+        say(
+            Level::Warn,
+            "ambit-cni",
+            format_args!("asking for DaemonSet {owner}: {e}; asking again"),
+        );
         std::thread::sleep(Duration::from_secs(1));
         ask()
     });
     match answer {
         Ok(Lifecycle::Present) => {
-            eprintln!(
-                "ambit-cni: stopping; DaemonSet {owner} is still there (an update or a restart): {stays}"
+            say(
+                Level::Info,
+                "ambit-cni",
+                format_args!(
+                    "stopping; DaemonSet {owner} is still there (an update or a restart): {stays}"
+                ),
             );
             Ok(())
         }
@@ -410,13 +441,17 @@ fn stopping(dirs: &Dirs, owner: Option<&(Owner, PathBuf)>) -> Result<(), Install
             } else {
                 "being deleted"
             };
-            eprintln!("ambit-cni: stopping; DaemonSet {owner} is {how} (an uninstall): taking the plugin out");
+            say(
+                Level::Info,
+                "ambit-cni",
+                format_args!(
+                    "stopping; DaemonSet {owner} is {how} (an uninstall): taking the plugin out"
+                ),
+            );
             uninstall(dirs)
         }
         Err(e) => {
-            eprintln!(
-                "ambit-cni: stopping; cannot tell an uninstall from an update ({e}): {stays} (fail closed)"
-            );
+            say(Level::Warn, "ambit-cni", format_args!("stopping; cannot tell an uninstall from an update ({e}): {stays} (fail closed)"));
             Ok(())
         }
     }
@@ -424,7 +459,11 @@ fn stopping(dirs: &Dirs, owner: Option<&(Owner, PathBuf)>) -> Result<(), Install
 
 fn uninstall(dirs: &Dirs) -> Result<(), InstallError> {
     if let Change::Written(path) = unchain(&dirs.cni_conf_dir)? {
-        eprintln!("ambit-cni: removed from {}", path.display());
+        say(
+            Level::Info,
+            "ambit-cni",
+            format_args!("removed from {}", path.display()),
+        );
     }
     let bin = dirs.cni_bin_dir.join(PLUGIN_TYPE);
     match std::fs::remove_file(&bin) {
@@ -434,7 +473,11 @@ fn uninstall(dirs: &Dirs) -> Result<(), InstallError> {
         }),
         Err(_) => Ok(()),
         Ok(()) => {
-            eprintln!("ambit-cni: removed {}", bin.display());
+            say(
+                Level::Info,
+                "ambit-cni",
+                format_args!("removed {}", bin.display()),
+            );
             Ok(())
         }
     }

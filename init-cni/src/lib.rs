@@ -20,6 +20,7 @@
 pub mod client;
 pub mod conf;
 pub mod install;
+pub mod log;
 pub mod owner;
 pub mod plugin;
 

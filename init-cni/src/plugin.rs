@@ -46,7 +46,7 @@ pub fn run(env: &Env, stdin: &[u8]) -> Outcome {
 }
 
 fn log(line: &str) {
-    eprintln!("ambit-cni: {line}");
+    crate::log::say(crate::log::Level::Info, "ambit-cni", line);
 }
 
 fn command(env: &Env, stdin: &[u8]) -> Result<Option<Value>, CniError> {

@@ -289,6 +289,18 @@ def test_grafana_dashboards_are_optional_configmaps_for_the_sidecar_holding_each
     assert len(uids) == len(set(uids))
 
 
+def test_log_format_reaches_every_container(pki):
+    objects = render(AMBIT, sample_values(pki, logFormat="json"))
+    containers = []
+    for kind, name in [("DaemonSet", "ambit-proxy"), ("Deployment", "ambit-control")]:
+        spec = find(objects, kind, name)["spec"]["template"]["spec"]
+        containers += spec["containers"] + spec.get("initContainers", [])
+    assert len(containers) >= 3
+    for c in containers:
+        env = {e["name"]: e.get("value") for e in c.get("env", [])}
+        assert env.get("AMBIT_LOG_FORMAT") == "json", c["name"]
+
+
 def crd_schemas():
     schemas = {}
     for crd in render(CRDS, {"installGatewayAPI": True}):
