@@ -726,7 +726,10 @@ spec: {identities: ['spiffe://cluster.local/ns/shop/sa/client']}
     ));
     let want = [("client", "200"), ("other", "403"), ("outside", "200")];
     assert_statuses(&until_all(&m, &want).await, &want);
-    // (Plaintext is judged per connection: a TCP decision.)
+    // (Plaintext is judged per connection: a TCP decision. A connection accepted just
+    // before the change was denied then, and its requests are judged again one by one —
+    // so one more, on a connection accepted under the new policy.)
+    assert_eq!(status(&m.curl("outside", &[]).await), "200");
     let metrics = m.b.metrics().await;
     assert!(
         metric_sum(
