@@ -14,7 +14,7 @@ prepare() {
         exit 1
     fi
     cargo build --release -q -p ambit-control -p ambit-proxy -p ambit-cli
-    cargo build --release -q -p ambit-bench --bin ambit-topology
+    cargo build --release -q -p ambit-bench --bin ambit-topology --bin crypto-floor
     BIN=$PWD/target/release
 }
 

@@ -365,7 +365,7 @@ if [ "${PROFILE:-}" = iperf-syscalls ]; then
     # System calls of the two proxies of the mesh path (and, with KTLS=1, of the connect
     # path) per GB of one iperf3 stream, by the kernel's tracepoints; then stop. A count
     # that does not depend on how fast the machine is: what kernel TLS and splice change.
-    events=writev,write,sendmsg,sendto,read,readv,recvfrom,recvmsg,splice,epoll_wait,futex
+    events=writev,write,sendmsg,sendto,read,readv,recvfrom,recvmsg,splice,epoll_wait,futex,brk,mmap,munmap,madvise
     events=$(printf 'syscalls:sys_enter_%s,' ${events//,/ }); events=${events%,}
     for path in mesh ${KTLS:+connect}; do
         pids=$([ "$path" = mesh ] && echo "$PROXY_A,$PROXY_B" || echo "$PROXY_C,$PROXY_D")
@@ -413,7 +413,14 @@ if [ -n "${PROFILE:-}" ]; then
     exit 0
 fi
 
+# The whole machine's busy CPU (user, nice, system, irq, softirq), in microseconds: what
+# the bulk path's endpoints and kernel cost besides the relays or proxies.
+machine_busy() { awk -v t="$TICK" '$1 == "cpu" {printf "%.0f\n", ($2 + $3 + $4 + $7 + $8) * 1000000 / t}' /proc/stat; }
+
 for round in $(seq 1 "$ROUNDS"); do
+    # The cryptographic floor in this round: AES-128-GCM seal and open per GB, as the
+    # proxies' rustls/aws-lc does them (bench/src/crypto_floor.rs).
+    "$BIN/crypto-floor" --gb 2 > "$OUT/crypto-$round.json"
     # The sockmap path right after the mesh path, so that the two are side by side in time.
     for path in direct relay mesh $SECOND policy; do
         for ka in yes no ${KTLS:+opaque}; do
@@ -431,11 +438,12 @@ for round in $(seq 1 "$ROUNDS"); do
             echo "$(( (n1 - n0) * 1000000 / TICK ))" > "$OUT/cpu-nginx-$path-ka$ka-$round.usec"
         done
         [ "$path" = policy ] && continue   # HTTP only: a route is per request
-        c0=$(path_cpu $path)
+        c0=$(path_cpu $path); m0=$(machine_busy)
         # shellcheck disable=SC2086 # host and port are two words
         in_pod "${CG[$path]}" "${CLIENT[$path]}" iperf3 -c ${IPERF[$path]} -t 10 -J > "$OUT/iperf-$path-$round.json"
-        c1=$(path_cpu $path)
+        c1=$(path_cpu $path); m1=$(machine_busy)
         echo "$(( c1 - c0 ))" > "$OUT/cpu-iperf-$path-$round.usec"
+        echo "$(( m1 - m0 ))" > "$OUT/cpu-machine-iperf-$path-$round.usec"
     done
 done
 # Each proxy's memory right after the last run, then at rest (after 12 s idle: the proxy
@@ -452,5 +460,5 @@ for node in A B; do
         "/proc/${!pid_var}/smaps" | sort -rn | head -15 > "$OUT/smaps-proxy-$node.txt"
 done
 
-[ "${ONLY:-}" = iperf ] && { cat "$OUT"/mem-start-proxy-*.txt "$OUT"/mem-proxy-*.txt; for f in "$OUT"/iperf-*.json; do printf "%s %.2f Gbit/s\n" "$(basename "$f" .json)" "$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['end']['sum_received']['bits_per_second']/1e9)" "$f")"; done; exit 0; }
+[ "${ONLY:-}" = iperf ] && { python3 "$ROOT/bench/mesh/summarize.py" --bulk "$OUT" "$ROUNDS" | tee "$OUT/summary.md"; exit 0; }
 { echo "Redirection: $REDIRECT${SOCKMAP:+ (and a sockmap path)}${KTLS:+ (and a path with --kernel-tls off)}"; python3 "$ROOT/bench/mesh/summarize.py" "$OUT" "$ROUNDS"; } | tee "$OUT/summary.md"

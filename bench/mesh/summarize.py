@@ -5,8 +5,12 @@ import pathlib
 import statistics
 import sys
 
-out = pathlib.Path(sys.argv[1])
-rounds = range(1, int(sys.argv[2]) + 1)
+args = sys.argv[1:]
+BULK_ONLY = bool(args) and args[0] == "--bulk"   # ONLY=iperf: the bulk rows alone
+if BULK_ONLY:
+    args = args[1:]
+out = pathlib.Path(args[0])
+rounds = range(1, int(args[1]) + 1)
 PATHS = ("direct", "relay", "mesh")
 
 
@@ -61,6 +65,88 @@ def per_1000(path, ka, who=""):
     return xs
 
 
+def crypto(r):
+    f = out / f"crypto-{r}.json"
+    if not f.exists():
+        return None
+    d = json.loads(f.read_text())
+    return d["seal_cpu_s_per_gb"] + d["open_cpu_s_per_gb"]
+
+
+def machine(path, r):
+    f = out / f"cpu-machine-iperf-{path}-{r}.usec"
+    return int(f.read_text()) / 1e6 if f.exists() else None
+
+
+def crypto_floor():
+    """Bulk against "relays + seal + open", per round (each round's own relay run and
+    crypto measurement), then the median of each ratio."""
+    rows = {k: [] for k in ("crypto", "floor", "mesh", "cpu_ratio", "floor_gbps", "gbps_ratio")}
+    for r in rounds:
+        c = crypto(r)
+        if c is None:
+            continue
+        rel, mesh = iperf("relay", r), iperf("mesh", r)
+        rel_gb, mesh_gb = rel["bytes"] / 1e9, mesh["bytes"] / 1e9
+        rel_cpu = seconds(f"iperf-relay-{r}") / rel_gb
+        mesh_cpu = seconds(f"iperf-mesh-{r}") / mesh_gb
+        floor = rel_cpu + c
+        rows["crypto"].append(c)
+        rows["floor"].append(floor)
+        rows["mesh"].append(mesh_cpu)
+        rows["cpu_ratio"].append(mesh_cpu / floor)
+        # On the same cores: the relay run's whole-machine CPU per GB (the endpoints and the
+        # kernel besides the relays), with seal and open added, at the same machine load.
+        busy = machine("relay", r)
+        if busy is not None:
+            per_gb = busy / rel_gb
+            fl = rel["gbps"] * per_gb / (per_gb + c)
+            rows["floor_gbps"].append(fl)
+            rows["gbps_ratio"].append(mesh["gbps"] / fl)
+    if not rows["crypto"]:
+        return
+    print("\n## Bulk against the floor that includes the cryptography\n")
+    print("Floor: the two plain relays' CPU per GB of the same round plus one AES-128-GCM seal and")
+    print("one open per byte, timed by `crypto-floor` (the proxies' cipher, aws-lc-rs, 16 KiB")
+    print("records) in that round. Throughput the floor allows: the relays' throughput, scaled by")
+    print("the whole machine's CPU per GB in the relay run against that plus the crypto.\n")
+    print("| measurement | value (median, min–max) |")
+    print("|---|---|")
+    print(f"| AES-128-GCM seal + open, CPU-seconds per GB | {fmt(rows['crypto'], 4)} |")
+    print(f"| floor: relays + seal + open, CPU-seconds per GB | {fmt(rows['floor'])} |")
+    print(f"| the mesh's two proxies, CPU-seconds per GB | {fmt(rows['mesh'])} |")
+    print(f"| mesh CPU per GB / floor (goal ≤ 1.05) | {fmt(rows['cpu_ratio'], 2)} |")
+    if rows["floor_gbps"]:
+        print(f"| throughput the floor allows (Gbit/s) | {fmt(rows['floor_gbps'], 2)} |")
+        print(f"| mesh throughput / what the floor allows (goal ≥ 0.95) | {fmt(rows['gbps_ratio'], 2)} |")
+    ka = []
+    for r in rounds:
+        c, rel, mesh = crypto(r), oha("relay", "yes", r), oha("mesh", "yes", r)
+        if c is None or rel is None or mesh is None:
+            continue
+        d = json.loads((out / f"oha-mesh-kayes-{r}.json").read_text())
+        # Bytes sealed and opened per request: the response body oha counted plus 512 bytes
+        # of request and response headers (an over-estimate: HPACK sends fewer).
+        body = d["summary"].get("sizePerRequest") or 1024
+        crypto_per_1000 = c * (body + 512) * 1000 / 1e9
+        rel_1000 = seconds(f"relay-kayes-{r}") / max(rel["n"], 1) * 1000
+        mesh_1000 = seconds(f"mesh-kayes-{r}") / max(mesh["n"], 1) * 1000
+        ka.append(mesh_1000 / (rel_1000 + crypto_per_1000))
+    if ka:
+        print(f"| keep-alive CPU per 1000 requests / (relays + crypto share) (goal ≤ 1.1) | {fmt(ka, 2)} |")
+
+
+if BULK_ONLY:
+    print(f"# Bulk: one iperf3 stream, {len(rounds)} rounds (median, min–max)\n")
+    print("| measurement | direct | two plain relays (socat) | through the mesh |")
+    print("|---|---|---|---|")
+    d, r, m = ([iperf(p, x)["gbps"] for x in rounds] for p in PATHS)
+    print(f"| iperf3 single stream (Gbit/s) | {fmt(d, 2)} | {fmt(r, 2)} | {fmt(m, 2)} |")
+    gb = {p: [seconds(f"iperf-{p}-{x}") / max(iperf(p, x)["bytes"] / 1e9, 1e-9) for x in rounds] for p in ("relay", "mesh")}
+    print(f"| CPU-seconds per GB, relays / proxies | – | {fmt(gb['relay'])} | {fmt(gb['mesh'])} |")
+    crypto_floor()
+    sys.exit(0)
+
 print(f"# Direct, two plain relays, and the mesh: {len(rounds)} rounds (median, min–max)\n")
 print("| measurement | direct | two plain relays (socat) | through the mesh | added by the relays | added by the mesh |")
 print("|---|---|---|---|---|---|")
@@ -85,6 +171,7 @@ per_gb = {}
 for p in ("relay", "mesh"):
     per_gb[p] = [seconds(f"iperf-{p}-{x}") / max(iperf(p, x)["bytes"] / 1e9, 1e-9) for x in rounds]
 print(f"| CPU-seconds per GB (iperf3) | {fmt(per_gb['relay'])} | {fmt(per_gb['mesh'])} |")
+crypto_floor()
 print("\nFor scale, the server application (nginx's one worker), CPU-seconds per 1000 requests:\n")
 print("| measurement | direct | two plain relays | through the mesh |")
 print("|---|---|---|---|")

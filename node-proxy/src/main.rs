@@ -92,15 +92,20 @@ async fn return_free_heap() {
 /// Keeps glibc from holding on to freed buffers. By default it raises its mmap threshold
 /// after the first large buffer is freed (up to 32 MiB), after which relay buffers and
 /// HTTP/2 flow-control buffers come from the heap and stay resident once freed. A fixed
-/// threshold sends every allocation of 128 KiB or more to mmap (returned on free), and a
-/// fixed trim threshold gives back a free heap top above 128 KiB (BENCHMARKS.md, memory).
+/// threshold sends every allocation of 128 KiB or more to mmap (returned on free)
+/// (BENCHMARKS.md, memory). The heap's top is not trimmed on every free: with a trim
+/// threshold of 128 KiB, a bulk stream's records (a 16 KiB buffer each, freed as written)
+/// moved the top up and down 15,000 times per GB, each time faulting fresh zeroed pages
+/// back in (~5 % of the proxies' CPU; BENCHMARKS.md, "Bulk throughput against the crypto
+/// floor"). [`return_free_heap`] gives free pages back every 10 s instead.
 fn bounded_heap() {
-    const THRESHOLD: libc::c_int = 128 * 1024;
+    const MMAP_THRESHOLD: libc::c_int = 128 * 1024;
+    const TRIM_THRESHOLD: libc::c_int = 8 * 1024 * 1024;
     // SAFETY: mallopt only changes allocator parameters; called before any other thread
     // exists.
     #[allow(unsafe_code)]
     unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, THRESHOLD);
-        libc::mallopt(libc::M_TRIM_THRESHOLD, THRESHOLD);
+        libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, TRIM_THRESHOLD);
     }
 }

@@ -16,6 +16,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpStream;
+use super::read_ahead::{ReadAhead, TUNNEL_READ_AHEAD};
 use tokio_rustls::TlsAcceptor;
 
 /// How long a client may take to complete the TLS handshake.
@@ -84,7 +85,7 @@ pub(super) async fn mesh_connection(
             "{peer} did not start a TLS handshake on the mesh port (plaintext to 4143?)"
         )));
     }
-    let tls = tokio::time::timeout_at(deadline, acceptor.accept(tcp))
+    let mut tls = tokio::time::timeout_at(deadline, acceptor.accept(ReadAhead::new(tcp)))
         .await
         .map_err(|_| ProxyError::Client(format!("TLS handshake from {peer} timed out")))?
         .map_err(|e| ProxyError::Identity(format!("TLS handshake from {peer}: {e}")))?;
@@ -107,6 +108,11 @@ pub(super) async fn mesh_connection(
         })
         .await;
     }
+    // The pooled tunnel (not the transport, whose socket may go to kernel TLS): read
+    // ahead, and let rustls take a whole DATA frame at once.
+    let (io, conn) = tls.get_mut();
+    io.enable(TUNNEL_READ_AHEAD);
+    conn.set_buffer_limit(Some(super::TUNNEL_TLS_SEND_BUFFER));
     let service = {
         let (pod, shared, client_id) = (pod.clone(), shared.clone(), client_id.clone());
         let labels = TrafficLabels::inbound(&pod.workload, client_id.to_string());

@@ -21,6 +21,7 @@ use super::inbound::Stream;
 use super::tunnel::{self, Tunnel};
 use super::{relay, ProxyError};
 use crate::ktls::{self, splice};
+use super::read_ahead::ReadAhead;
 use crate::tls;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -101,7 +102,7 @@ async fn handshake(
 /// delivers it as the CONNECT path does ([`Stream`]), and relays — spliced through kernel
 /// TLS when this proxy has it, through rustls otherwise.
 pub(super) async fn serve(
-    mut tls: tokio_rustls::server::TlsStream<TcpStream>,
+    mut tls: tokio_rustls::server::TlsStream<ReadAhead<TcpStream>>,
     deadline: tokio::time::Instant,
     stream: impl FnOnce(SocketAddr) -> Stream,
 ) -> Result<(), ProxyError> {
@@ -117,7 +118,11 @@ pub(super) async fn serve(
     };
     let failed = |e: std::io::Error| ProxyError::Client(format!("answering {}: {e}", stream.peer));
     if stream.shared.kernel_tls.enabled() {
-        let (mut tcp, conn) = tls.into_inner();
+        let (io, conn) = tls.into_inner();
+        // Never enabled on this path: nothing read past rustls's last record.
+        let mut tcp = io
+            .into_inner()
+            .map_err(|e| ProxyError::Internal(format!("kernel TLS: {e}")))?;
         let secrets = conn
             .dangerous_extract_secrets()
             .map_err(|e| ProxyError::Internal(format!("TLS secrets for kernel TLS: {e}")))?;

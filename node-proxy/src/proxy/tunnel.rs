@@ -4,6 +4,7 @@
 //! costs one stream, not a TCP and TLS handshake.
 
 use super::body::{self, Body};
+use super::read_ahead::{ReadAhead, TUNNEL_READ_AHEAD};
 use super::{PodContext, ProxyError, Shared, MESH_PORT, PROXY_MARK};
 use crate::netns::Netns;
 use crate::tls::{self, TrustBundle};
@@ -264,12 +265,15 @@ async fn handshake(
     let config = tls::client_config(t.bundle, t.source.1.clone(), vec![t.expected.clone()])
         .map_err(|e| ProxyError::Internal(e.to_string()))?;
     let name = rustls_pki_types::ServerName::IpAddress(t.peer.into());
-    let stream = TlsConnector::from(Arc::new(config))
-        .connect(name, tcp)
+    let mut stream = TlsConnector::from(Arc::new(config))
+        .connect(name, ReadAhead::new(tcp))
         .await
         .map_err(|e| {
             ProxyError::Identity(format!("mTLS with {addr} (expecting {}): {e}", t.expected))
         })?;
+    let (io, conn) = stream.get_mut();
+    io.enable(TUNNEL_READ_AHEAD);
+    conn.set_buffer_limit(Some(super::TUNNEL_TLS_SEND_BUFFER));
     let (sender, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
         .timer(TokioTimer::new())
         .keep_alive_interval(PING_INTERVAL)
