@@ -96,12 +96,8 @@ fn header(len: usize) -> [u8; 5] {
 }
 
 fn seal(key: &LessSafeKey, seq: u64, buf: &mut [u8]) -> anyhow::Result<aws_lc_rs::aead::Tag> {
-    key.seal_in_place_separate_tag(
-        nonce(seq),
-        Aad::from(header(buf.len() + 16)),
-        buf,
-    )
-    .map_err(|_| anyhow::anyhow!("seal"))
+    key.seal_in_place_separate_tag(nonce(seq), Aad::from(header(buf.len() + 16)), buf)
+        .map_err(|_| anyhow::anyhow!("seal"))
 }
 
 fn open(

@@ -4,6 +4,7 @@
 use super::authz::{self, Proto};
 use super::body::{self, Body};
 use super::http_metrics::ConnectionSeries;
+use super::read_ahead::{ReadAhead, TUNNEL_READ_AHEAD};
 use super::{relay, PodContext, ProxyError, Shared, TrafficLabels, ERROR_HEADER, PROXY_MARK};
 use crate::policy::Client;
 use crate::tls::svid_identity;
@@ -16,7 +17,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpStream;
-use super::read_ahead::{ReadAhead, TUNNEL_READ_AHEAD};
 use tokio_rustls::TlsAcceptor;
 
 /// How long a client may take to complete the TLS handshake.

@@ -201,7 +201,11 @@ mod tests {
         r.enable(8192);
         let mut one = [0u8; 1];
         assert_eq!(r.read(&mut one).await.unwrap_or_else(|e| panic!("{e}")), 1);
-        let err = r.into_inner().err().map(|e| e.to_string()).unwrap_or_default();
+        let err = r
+            .into_inner()
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
         assert!(err.contains("read ahead"), "{err}");
     }
 }

@@ -18,10 +18,10 @@
 //! stream instead; either side without kernel TLS speaks the same records in user space.
 
 use super::inbound::Stream;
+use super::read_ahead::ReadAhead;
 use super::tunnel::{self, Tunnel};
 use super::{relay, ProxyError};
 use crate::ktls::{self, splice};
-use super::read_ahead::ReadAhead;
 use crate::tls;
 use std::net::SocketAddr;
 use std::sync::Arc;
