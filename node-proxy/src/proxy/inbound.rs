@@ -109,10 +109,8 @@ pub(super) async fn mesh_connection(
         .await;
     }
     // The pooled tunnel (not the transport, whose socket may go to kernel TLS): read
-    // ahead, and let rustls take a whole DATA frame at once.
-    let (io, conn) = tls.get_mut();
-    io.enable(TUNNEL_READ_AHEAD);
-    conn.set_buffer_limit(Some(super::TUNNEL_TLS_SEND_BUFFER));
+    // ahead.
+    tls.get_mut().0.enable(TUNNEL_READ_AHEAD);
     let service = {
         let (pod, shared, client_id) = (pod.clone(), shared.clone(), client_id.clone());
         let labels = TrafficLabels::inbound(&pod.workload, client_id.to_string());

@@ -388,12 +388,6 @@ pub fn is_proxy_port(port: u16) -> bool {
 /// Copy buffer per direction of a relayed connection. 8 KiB (tokio's default) cost a TLS
 /// record and an HTTP/2 frame per 8 KiB; see BENCHMARKS.md for what larger ones bought.
 pub const RELAY_BUFFER: usize = 64 * 1024;
-/// What rustls may hold of a tunnel connection's records not yet written to the socket:
-/// rustls's default, 64 KiB, took an HTTP/2 DATA frame of 64 KiB and its 9-byte header in
-/// two writes, the second a record of a few bytes (half the tunnel's `writev`s and the
-/// wake-ups of the peer that they cause: BENCHMARKS.md, "Bulk throughput against the
-/// crypto floor"). HTTP/2 flow control bounds what a stream can queue.
-pub const TUNNEL_TLS_SEND_BUFFER: usize = 1024 * 1024;
 /// HTTP/2 flow-control windows of the tunnel: large enough that one stream can fill a
 /// fast link without waiting for WINDOW_UPDATEs.
 pub const H2_STREAM_WINDOW: u32 = 4 * 1024 * 1024;

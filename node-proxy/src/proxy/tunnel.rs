@@ -271,9 +271,7 @@ async fn handshake(
         .map_err(|e| {
             ProxyError::Identity(format!("mTLS with {addr} (expecting {}): {e}", t.expected))
         })?;
-    let (io, conn) = stream.get_mut();
-    io.enable(TUNNEL_READ_AHEAD);
-    conn.set_buffer_limit(Some(super::TUNNEL_TLS_SEND_BUFFER));
+    stream.get_mut().0.enable(TUNNEL_READ_AHEAD);
     let (sender, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
         .timer(TokioTimer::new())
         .keep_alive_interval(PING_INTERVAL)
