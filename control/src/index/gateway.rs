@@ -106,7 +106,7 @@ pub struct RouteRule<M> {
     /// Any one of these; none: every request.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub matches: Option<Vec<M>>,
-    /// RequestHeaderModifier and ResponseHeaderModifier (others are refused).
+    /// Header modifiers, RequestRedirect, URLRewrite, RequestMirror (others are refused).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub filters: Option<Vec<Filter>>,
     /// Where matching requests go, by weight; none: the parent itself.
@@ -208,21 +208,96 @@ pub struct Filter {
     /// Headers set, added or removed on the response.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub response_header_modifier: Option<HeaderModifier>,
-    /// Gateway API's; not supported.
+    /// Answer with a redirect instead of sending the request (HTTPRoute only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub request_redirect: Option<Json>,
-    /// Gateway API's; not supported.
+    pub request_redirect: Option<RequestRedirect>,
+    /// Rewrite the host and path before sending (HTTPRoute only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub url_rewrite: Option<Json>,
-    /// Gateway API's; not supported.
+    pub url_rewrite: Option<UrlRewrite>,
+    /// Send a copy of the request to another Service as well, its answer ignored.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub request_mirror: Option<Json>,
+    pub request_mirror: Option<RequestMirror>,
     /// Gateway API's; not supported.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub extension_ref: Option<Json>,
     /// Gateway API's; not supported.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cors: Option<Json>,
+}
+
+/// A RequestRedirect filter.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RequestRedirect {
+    /// `http` or `https`; unset: the request's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheme: Option<String>,
+    /// Unset: the request's host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hostname: Option<String>,
+    /// Unset: the request's path.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<PathModifier>,
+    /// Unset: the scheme's well-known port, or the port the request was sent to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port: Option<i64>,
+    /// 301 (the default), 302, 303, 307 or 308.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status_code: Option<i64>,
+}
+
+/// A URLRewrite filter.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UrlRewrite {
+    /// The Host (or `:authority`) the backend sees; unset: unchanged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hostname: Option<String>,
+    /// Unset: the path unchanged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<PathModifier>,
+}
+
+/// A redirect's or rewrite's `path`.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PathModifier {
+    /// `ReplaceFullPath` or `ReplacePrefixMatch`.
+    #[serde(default, rename = "type", skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    /// With `ReplaceFullPath`: the new path.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replace_full_path: Option<String>,
+    /// With `ReplacePrefixMatch`: what replaces the matched prefix.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replace_prefix_match: Option<String>,
+}
+
+/// A RequestMirror filter.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RequestMirror {
+    /// Where the copies go (a Service and its port).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend_ref: Option<BackendRef>,
+    /// The share of requests mirrored, 0 to 100; unset (and no fraction): all.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub percent: Option<i64>,
+    /// The share of requests mirrored, as a fraction.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fraction: Option<Fraction>,
+}
+
+/// `numerator / denominator` (default 100).
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Fraction {
+    /// The share's numerator.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub numerator: Option<i64>,
+    /// The share's denominator; unset: 100.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub denominator: Option<i64>,
 }
 
 /// A RequestHeaderModifier or ResponseHeaderModifier.

@@ -83,6 +83,12 @@ pub struct RouteRule {
     pub request_headers: Option<HeaderModifier>,
     /// ResponseHeaderModifier.
     pub response_headers: Option<HeaderModifier>,
+    /// RequestRedirect: the proxy answers, nothing is sent (the rule has no backends).
+    pub redirect: Option<Redirect>,
+    /// URLRewrite.
+    pub rewrite: Option<Rewrite>,
+    /// RequestMirror filters: copies sent, answers ignored.
+    pub mirrors: Vec<Mirror>,
     /// backendRefs; empty: the parent itself.
     pub backends: Vec<BackendRef>,
     /// timeouts.request.
@@ -164,6 +170,50 @@ pub struct HeaderModifier {
     pub add: Vec<(String, String)>,
     /// Names removed.
     pub remove: Vec<String>,
+}
+
+/// How a redirect or a rewrite changes the path.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PathModifier {
+    /// ReplaceFullPath: this path.
+    Full(String),
+    /// ReplacePrefixMatch: the prefix the rule matched replaced by this.
+    Prefix(String),
+}
+
+/// A RequestRedirect filter; unset parts are the request's.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Redirect {
+    /// `http` or `https`.
+    pub scheme: Option<String>,
+    /// The host.
+    pub hostname: Option<String>,
+    /// The path.
+    pub path: Option<PathModifier>,
+    /// The port.
+    pub port: Option<u16>,
+    /// 301, 302, 303, 307 or 308.
+    pub status: u16,
+}
+
+/// A URLRewrite filter.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rewrite {
+    /// The host the backend sees.
+    pub hostname: Option<String>,
+    /// The path the backend sees.
+    pub path: Option<PathModifier>,
+}
+
+/// A RequestMirror filter: `numerator / denominator` of the requests copied to a Service.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Mirror {
+    /// The Service and port (weight unused).
+    pub backend: BackendRef,
+    /// The share mirrored: numerator (at most the denominator).
+    pub numerator: u32,
+    /// The share mirrored: denominator (at least 1).
+    pub denominator: u32,
 }
 
 /// A backendRef to a Service.

@@ -18,9 +18,13 @@
 //!   status is named, 25 ms backoff; a limit (or `attempts`) of 0 is no retry.
 //! - **Failure accrual**: the Service's annotation; unset leaves the proxy's default.
 //!
-//! Left out and reported (`RouteProblems`): consumer routes (a parentRef to a Service of
-//! another namespace: Gateway API applies them to that namespace's clients only, which
-//! needs per-client routes the stream does not carry yet), parents that do not exist,
+//! A route whose parent Service is in another namespace is a **consumer route** (GAMMA):
+//! it applies to the clients of the route's namespace only, and for them replaces the
+//! Service's own (producer) routes on the ports it attaches to. They are rendered apart,
+//! per consumer namespace (`ServiceRoutes.consumers`); the proxy picks by the client pod's
+//! namespace.
+//!
+//! Left out and reported (`RouteProblems`): parents that do not exist,
 //! ports a Service does not have, and HTTPRoutes under a GRPCRoute — and, for Server
 //! parents (rendered into pods' policies, `server_routes.rs`), the same checks.
 
@@ -28,7 +32,7 @@ pub(super) mod precedence;
 
 use super::server_routes;
 use crate::index::route::{
-    BackendRef, FailureAccrual, HeaderModifier, MatchValue, PathMatch, RequestMatch,
+    BackendRef, FailureAccrual, HeaderModifier, MatchValue, PathMatch, PathModifier, RequestMatch,
     RetryAnnotations, RouteAnnotations, RouteInfo, RouteKind, RouteParent, RouteRule,
     TimeoutAnnotations, ValueMatch,
 };
@@ -67,6 +71,13 @@ pub struct RenderedRoutes {
 struct Attached<'a> {
     route: &'a RouteInfo,
     port: Option<u16>,
+}
+
+impl Attached<'_> {
+    /// The namespace whose clients alone take the route, for a consumer route.
+    fn consumer(&self, service_namespace: &str) -> Option<&str> {
+        (self.route.namespace != service_namespace).then_some(self.route.namespace.as_str())
+    }
 }
 
 /// Every routed Service's routes; Services unchanged since `previous` keep its `Arc`.
@@ -117,17 +128,13 @@ fn attachments<'a>(
             else {
                 continue; // a Server: inbound (`server_routes.rs`)
             };
-            let why = if *namespace != route.namespace {
-                Some(format!("its parent Service {namespace}/{name} is in another namespace: consumer routes are not supported yet"))
-            } else {
-                match index.service(namespace, name) {
-                    None => Some(format!(
-                        "its parent Service {namespace}/{name} does not exist"
-                    )),
-                    Some(s) => port
-                        .filter(|p| !s.ports.iter().any(|sp| sp.port == *p))
-                        .map(|p| format!("its parent Service {namespace}/{name} has no port {p}")),
-                }
+            let why = match index.service(namespace, name) {
+                None => Some(format!(
+                    "its parent Service {namespace}/{name} does not exist"
+                )),
+                Some(s) => port
+                    .filter(|p| !s.ports.iter().any(|sp| sp.port == *p))
+                    .map(|p| format!("its parent Service {namespace}/{name} has no port {p}")),
             };
             match why {
                 Some(why) => {
@@ -151,6 +158,40 @@ fn service_routes(
     attached: &[Attached<'_>],
     problems: &mut RouteProblems,
 ) -> pb::ServiceRoutes {
+    let producer: Vec<&Attached<'_>> = attached
+        .iter()
+        .filter(|a| a.consumer(&svc.namespace).is_none())
+        .collect();
+    let mut by_consumer: BTreeMap<&str, Vec<&Attached<'_>>> = BTreeMap::new();
+    for a in attached {
+        if let Some(ns) = a.consumer(&svc.namespace) {
+            by_consumer.entry(ns).or_default().push(a);
+        }
+    }
+    let consumers = by_consumer
+        .into_iter()
+        .map(|(ns, routes)| pb::ConsumerRoutes {
+            namespace: ns.to_string(),
+            ports: ports(svc, &routes, false, problems),
+        })
+        .collect();
+    pb::ServiceRoutes {
+        service: key(svc),
+        ports: ports(svc, &producer, true, problems),
+        failure_accrual: svc.routing.failure_accrual.as_ref().map(failure_accrual),
+        consumers,
+    }
+}
+
+/// Each TCP port of the Service with the rules of the routes attached to it; a port
+/// without routes gets the default rule when `defaults` (the producer's), else is left
+/// out (a consumer's: the producer's rules serve it).
+fn ports(
+    svc: &ServiceInfo,
+    attached: &[&Attached<'_>],
+    defaults: bool,
+    problems: &mut RouteProblems,
+) -> Vec<pb::PortRoutes> {
     let mut ports = Vec::new();
     let mut seen = std::collections::BTreeSet::new();
     for sp in svc.ports.iter().filter(|p| p.protocol == "TCP") {
@@ -174,21 +215,19 @@ fn service_routes(
                 routes.push(r);
             }
         }
-        let rules = if routes.is_empty() {
+        let rules = if !routes.is_empty() {
+            port_rules(svc, &routes)
+        } else if defaults {
             vec![default_rule(svc)]
         } else {
-            port_rules(svc, &routes)
+            continue;
         };
         ports.push(pb::PortRoutes {
             port: u32::from(sp.port),
             rules,
         });
     }
-    pb::ServiceRoutes {
-        service: key(svc),
-        ports,
-        failure_accrual: svc.routing.failure_accrual.as_ref().map(failure_accrual),
-    }
+    ports
 }
 
 /// The rules of the routes on one port, in precedence order.
@@ -226,6 +265,27 @@ fn route_rule(
         r#match: request_match(m),
         request_headers: rule.request_headers.as_ref().map(modifier),
         response_headers: rule.response_headers.as_ref().map(modifier),
+        redirect: rule.redirect.as_ref().map(|r| pb::Redirect {
+            scheme: r.scheme.clone().unwrap_or_default(),
+            hostname: r.hostname.clone().unwrap_or_default(),
+            path: r.path.as_ref().map(path_modifier),
+            port: r.port.map_or(0, u32::from),
+            status: u32::from(r.status),
+        }),
+        rewrite: rule.rewrite.as_ref().map(|r| pb::Rewrite {
+            hostname: r.hostname.clone().unwrap_or_default(),
+            path: r.path.as_ref().map(path_modifier),
+        }),
+        mirrors: rule
+            .mirrors
+            .iter()
+            .map(|m| pb::Mirror {
+                service: format!("{}/{}", m.backend.namespace, m.backend.name),
+                port: u32::from(m.backend.port),
+                numerator: m.numerator,
+                denominator: m.denominator,
+            })
+            .collect(),
         backends: rule.backends.iter().map(backend).collect(),
         timeouts: timeouts(
             rule.request_timeout,
@@ -372,6 +432,15 @@ fn modifier(m: &HeaderModifier) -> pb::HeaderModifier {
         set: headers(&m.set),
         add: headers(&m.add),
         remove: m.remove.clone(),
+    }
+}
+
+fn path_modifier(p: &PathModifier) -> pb::PathModifier {
+    pb::PathModifier {
+        kind: Some(match p {
+            PathModifier::Full(v) => pb::path_modifier::Kind::Full(v.clone()),
+            PathModifier::Prefix(v) => pb::path_modifier::Kind::Prefix(v.clone()),
+        }),
     }
 }
 

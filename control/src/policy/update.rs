@@ -151,6 +151,7 @@ mod tests {
                 rules: vec![pb::Rule::default()],
             }],
             failure_accrual: None,
+            consumers: vec![],
         })
     }
 

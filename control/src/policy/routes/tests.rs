@@ -298,8 +298,11 @@ fn backends_render_even_when_missing_and_what_cannot_attach_is_reported() {
         .map(|b| (b.service.as_str(), b.port, b.weight))
         .collect();
     assert_eq!(backends, [("shop/web-v1", 80, 9), ("shop/nowhere", 80, 1)]);
-    assert!(r.problems["HTTPRoute client/consumer parent shop/web"]
-        .contains("consumer routes are not supported"));
+    assert!(
+        !r.problems.keys().any(|k| k.contains("client/consumer")),
+        "a consumer route attaches: {:?}",
+        r.problems
+    );
     assert!(r.problems["HTTPRoute shop/orphan parent shop/gone"].contains("does not exist"));
     assert!(r.problems["HTTPRoute shop/orphan parent shop/plain"].contains("has no port 81"));
     assert!(
@@ -318,4 +321,116 @@ fn an_unchanged_service_keeps_its_shared_rendering() {
         &first.services["shop/web"],
         &again.services["shop/web"]
     ));
+}
+
+#[test]
+fn consumer_routes_render_per_client_namespace_and_only_on_their_ports() {
+    let consumer = |ns: &str, name: &str, port: &str, path: &str| {
+        format!(
+            "---\napiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{name: {name}, namespace: {ns}}}\n\
+             spec:\n  parentRefs: [{{group: core, kind: Service, name: web, namespace: shop{port}}}]\n  rules: [{{matches: [{{path: {{type: PathPrefix, value: {path}}}}}]}}]\n"
+        )
+    };
+    let yaml = format!(
+        "{SERVICES}{}{}{}{}",
+        route(
+            "producer",
+            None,
+            "  rules: [{matches: [{path: {type: PathPrefix, value: /p}}]}]\n"
+        ),
+        consumer("client", "mine", ", port: 80", "/c"),
+        consumer("client", "also", "", "/d"),
+        consumer("other", "theirs", ", port: 9000", "/o"),
+    );
+    let r = render(&yaml);
+    let web = &r.services["shop/web"];
+    assert_eq!(
+        rules(&r, "shop/web", 80),
+        ["producer: /p*  h0 q0"],
+        "producers' own rules unchanged"
+    );
+    let port_rules = |ns: &str, port: u32| -> Vec<String> {
+        let c = web.consumers.iter().find(|c| c.namespace == ns).unwrap();
+        c.ports
+            .iter()
+            .find(|p| p.port == port)
+            .map(|p| {
+                p.rules
+                    .iter()
+                    .map(|r| format!("{}/{}", r.route_namespace, r.route_name))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let namespaces: Vec<&str> = web.consumers.iter().map(|c| c.namespace.as_str()).collect();
+    assert_eq!(namespaces, ["client", "other"]);
+    assert_eq!(
+        port_rules("client", 80),
+        ["client/also", "client/mine"],
+        "both of client's routes, in precedence (name)"
+    );
+    assert_eq!(
+        port_rules("client", 9000),
+        ["client/also"],
+        "the port-less route attaches to every port"
+    );
+    assert_eq!(
+        port_rules("other", 80),
+        Vec::<String>::new(),
+        "a port its routes do not name is the producer's"
+    );
+    assert_eq!(port_rules("other", 9000), ["other/theirs"]);
+    assert!(r.problems.is_empty(), "{:?}", r.problems);
+}
+
+#[test]
+fn redirect_rewrite_and_mirror_filters_render_as_written() {
+    let yaml = format!(
+        "{SERVICES}{}",
+        route(
+            "filters",
+            None,
+            "  rules:\n  - matches: [{path: {type: PathPrefix, value: /old}}]\n    filters: [{type: RequestRedirect, requestRedirect: {scheme: https, hostname: example.com, port: 8443, statusCode: 302, path: {type: ReplacePrefixMatch, replacePrefixMatch: /new}}}]\n  - matches: [{path: {type: PathPrefix, value: /api}}]\n    filters:\n    - {type: URLRewrite, urlRewrite: {hostname: api.internal, path: {type: ReplaceFullPath, replaceFullPath: /v2}}}\n    - {type: RequestMirror, requestMirror: {backendRef: {name: plain, port: 80}, percent: 25}}\n    - {type: RequestMirror, requestMirror: {backendRef: {name: web, port: 9000}, fraction: {numerator: 1, denominator: 3}}}\n"
+        ),
+    );
+    let r = render(&yaml);
+    let rules = &r.services["shop/web"].ports[0].rules;
+    let full = |v: &str| {
+        Some(pb::PathModifier {
+            kind: Some(pb::path_modifier::Kind::Full(v.into())),
+        })
+    };
+    let prefix = |v: &str| {
+        Some(pb::PathModifier {
+            kind: Some(pb::path_modifier::Kind::Prefix(v.into())),
+        })
+    };
+    let api = rules.iter().find(|r| r.rewrite.is_some()).unwrap();
+    let old = rules.iter().find(|r| r.redirect.is_some()).unwrap();
+    assert_eq!(
+        old.redirect,
+        Some(pb::Redirect {
+            scheme: "https".into(),
+            hostname: "example.com".into(),
+            path: prefix("/new"),
+            port: 8443,
+            status: 302
+        })
+    );
+    assert_eq!(
+        api.rewrite,
+        Some(pb::Rewrite {
+            hostname: "api.internal".into(),
+            path: full("/v2")
+        })
+    );
+    let mirrors: Vec<(&str, u32, u32, u32)> = api
+        .mirrors
+        .iter()
+        .map(|m| (m.service.as_str(), m.port, m.numerator, m.denominator))
+        .collect();
+    assert_eq!(
+        mirrors,
+        [("shop/plain", 80, 25, 100), ("shop/web", 9000, 1, 3)]
+    );
 }

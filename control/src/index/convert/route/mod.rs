@@ -51,6 +51,7 @@ fn route<M>(
         rules.push(rule_of(
             r,
             &namespace,
+            kind,
             &object,
             &format!("spec.rules[{i}]"),
             &convert_match,
@@ -70,6 +71,7 @@ fn route<M>(
 fn rule_of<M>(
     r: &RuleSpec<M>,
     namespace: &str,
+    kind: RouteKind,
     object: &str,
     field: &str,
     convert_match: &MatchFn<'_, M>,
@@ -78,7 +80,7 @@ fn rule_of<M>(
     for (j, m) in r.matches.iter().flatten().enumerate() {
         matches.push(convert_match(m, object, &format!("{field}.matches[{j}]"))?);
     }
-    rule::rule(r, matches, namespace, object, field)
+    rule::rule(r, kind, matches, namespace, object, field)
 }
 
 /// A parentRef: a Service (core group) or a Server (policy.ambit.dev); `None` for a

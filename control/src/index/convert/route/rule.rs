@@ -1,13 +1,18 @@
-//! A route rule's filters, backendRefs, timeouts and retry stanza.
+//! A route rule's filters (header modifiers, RequestRedirect, URLRewrite, RequestMirror),
+//! backendRefs, timeouts and retry stanza.
 
 use crate::index::convert::{err, port, ConvertError};
 use crate::index::gateway::{self, RouteRule as RuleSpec};
-use crate::index::route::{BackendRef, HeaderModifier, RequestMatch, RetryStanza, RouteRule};
+use crate::index::route::{
+    BackendRef, HeaderModifier, Mirror, PathMatch, PathModifier, Redirect, RequestMatch,
+    RetryStanza, Rewrite, RouteKind, RouteRule,
+};
 use ambit_api::duration::parse_gateway_duration;
 
 /// The rule, its matches already converted.
 pub(super) fn rule<M>(
     r: &RuleSpec<M>,
+    kind: RouteKind,
     matches: Vec<RequestMatch>,
     namespace: &str,
     object: &str,
@@ -20,7 +25,11 @@ pub(super) fn rule<M>(
             "session persistence is not supported; remove it (requests are balanced by latency)",
         ));
     }
-    let (request_headers, response_headers) = filters(r, object, field)?;
+    // A rule without matches matches PathPrefix "/".
+    let prefix_only = matches
+        .iter()
+        .all(|m| matches!(m, RequestMatch::Http(h) if matches!(h.path, PathMatch::Prefix(_))));
+    let f = filters(r, kind, prefix_only, namespace, object, field)?;
     let mut backends = Vec::new();
     for (i, b) in r.backend_refs.iter().flatten().enumerate() {
         backends.push(backend(
@@ -58,8 +67,11 @@ pub(super) fn rule<M>(
         .transpose()?;
     Ok(RouteRule {
         matches,
-        request_headers,
-        response_headers,
+        request_headers: f.request_headers,
+        response_headers: f.response_headers,
+        redirect: f.redirect,
+        rewrite: f.rewrite,
+        mirrors: f.mirrors,
         backends,
         request_timeout,
         backend_request_timeout,
@@ -67,42 +79,314 @@ pub(super) fn rule<M>(
     })
 }
 
-type Modifiers = (Option<HeaderModifier>, Option<HeaderModifier>);
+/// A rule's filters, converted.
+#[derive(Default)]
+struct Filters {
+    request_headers: Option<HeaderModifier>,
+    response_headers: Option<HeaderModifier>,
+    redirect: Option<Redirect>,
+    rewrite: Option<Rewrite>,
+    mirrors: Vec<Mirror>,
+}
 
-fn filters<M>(r: &RuleSpec<M>, object: &str, field: &str) -> Result<Modifiers, ConvertError> {
-    let (mut request, mut response) = (None, None);
+fn filters<M>(
+    r: &RuleSpec<M>,
+    kind: RouteKind,
+    prefix_only: bool,
+    namespace: &str,
+    object: &str,
+    field: &str,
+) -> Result<Filters, ConvertError> {
+    let mut out = Filters::default();
     for (i, f) in r.filters.iter().flatten().enumerate() {
         let at = format!("{field}.filters[{i}]");
-        let kind = f.kind.as_deref().unwrap_or_default();
-        let (slot, spec, key) = match kind {
-            "RequestHeaderModifier" => (&mut request, &f.request_header_modifier, "requestHeaderModifier"),
-            "ResponseHeaderModifier" => (&mut response, &f.response_header_modifier, "responseHeaderModifier"),
+        let ty = f.kind.as_deref().unwrap_or_default();
+        let required = |key: &str| {
+            err(
+                object,
+                &format!("{at}.{key}"),
+                format!("required with type {ty}"),
+            )
+        };
+        let twice = || {
+            err(
+                object,
+                &format!("{at}.type"),
+                format!("a second {ty} in one rule; merge them into one"),
+            )
+        };
+        let http_only = matches!(ty, "RequestRedirect" | "URLRewrite");
+        if http_only && kind == RouteKind::Grpc {
+            return Err(err(
+                object,
+                &format!("{at}.type"),
+                format!("{ty} is an HTTPRoute filter; a GRPCRoute takes RequestHeaderModifier, ResponseHeaderModifier and RequestMirror"),
+            ));
+        }
+        match ty {
+            "RequestHeaderModifier" | "ResponseHeaderModifier" => {
+                let (slot, spec, key) = if ty == "RequestHeaderModifier" {
+                    (&mut out.request_headers, &f.request_header_modifier, "requestHeaderModifier")
+                } else {
+                    (&mut out.response_headers, &f.response_header_modifier, "responseHeaderModifier")
+                };
+                let spec = spec.as_ref().ok_or_else(|| required(key))?;
+                if slot.is_some() {
+                    return Err(twice());
+                }
+                *slot = Some(modifier(spec, object, &format!("{at}.{key}"))?);
+            }
+            "RequestRedirect" => {
+                let spec = f.request_redirect.as_ref().ok_or_else(|| required("requestRedirect"))?;
+                if out.redirect.is_some() {
+                    return Err(twice());
+                }
+                out.redirect = Some(redirect(spec, prefix_only, object, &format!("{at}.requestRedirect"))?);
+            }
+            "URLRewrite" => {
+                let spec = f.url_rewrite.as_ref().ok_or_else(|| required("urlRewrite"))?;
+                if out.rewrite.is_some() {
+                    return Err(twice());
+                }
+                let at = format!("{at}.urlRewrite");
+                out.rewrite = Some(Rewrite {
+                    hostname: spec
+                        .hostname
+                        .as_deref()
+                        .map(|h| hostname(h, object, &format!("{at}.hostname")))
+                        .transpose()?,
+                    path: spec
+                        .path
+                        .as_ref()
+                        .map(|p| path_modifier(p, prefix_only, object, &format!("{at}.path")))
+                        .transpose()?,
+                });
+            }
+            "RequestMirror" => {
+                let spec = f.request_mirror.as_ref().ok_or_else(|| required("requestMirror"))?;
+                out.mirrors.push(mirror(spec, namespace, object, &format!("{at}.requestMirror"))?);
+            }
             "" => return Err(err(object, &format!("{at}.type"), "required")),
             other => {
                 return Err(err(
                     object,
                     &format!("{at}.type"),
-                    format!("{other:?} filters are not supported (as in Linkerd); use RequestHeaderModifier or ResponseHeaderModifier, or remove the filter"),
+                    format!("{other:?} filters are not supported; use RequestHeaderModifier, ResponseHeaderModifier, RequestRedirect, URLRewrite or RequestMirror, or remove the filter"),
                 ))
             }
-        };
-        let spec = spec.as_ref().ok_or_else(|| {
-            err(
+        }
+    }
+    if out.redirect.is_some() && out.rewrite.is_some() {
+        return Err(err(
+            object,
+            &format!("{field}.filters"),
+            "RequestRedirect and URLRewrite cannot be in one rule (a redirected request is not sent); keep one",
+        ));
+    }
+    Ok(out)
+}
+
+fn redirect(
+    r: &gateway::RequestRedirect,
+    prefix_only: bool,
+    object: &str,
+    field: &str,
+) -> Result<Redirect, ConvertError> {
+    let scheme = r
+        .scheme
+        .as_deref()
+        .map(|s| match s {
+            "http" | "https" => Ok(s.to_string()),
+            other => Err(err(
                 object,
-                &format!("{at}.{key}"),
-                format!("required with type {kind}"),
-            )
-        })?;
-        if slot.is_some() {
+                &format!("{field}.scheme"),
+                format!("{other:?} is not a redirect scheme; use http or https"),
+            )),
+        })
+        .transpose()?;
+    let status = match r.status_code {
+        None => 301,
+        Some(c @ (301 | 302 | 303 | 307 | 308)) => c as u16,
+        Some(c) => {
             return Err(err(
                 object,
-                &format!("{at}.type"),
-                format!("a second {kind} in one rule; merge them into one"),
+                &format!("{field}.statusCode"),
+                format!("{c} is not a redirect status; use 301, 302, 303, 307 or 308"),
+            ))
+        }
+    };
+    Ok(Redirect {
+        scheme,
+        hostname: r
+            .hostname
+            .as_deref()
+            .map(|h| hostname(h, object, &format!("{field}.hostname")))
+            .transpose()?,
+        path: r
+            .path
+            .as_ref()
+            .map(|p| path_modifier(p, prefix_only, object, &format!("{field}.path")))
+            .transpose()?,
+        port: r
+            .port
+            .map(|n| {
+                port(
+                    i32::try_from(n).unwrap_or(0),
+                    object,
+                    &format!("{field}.port"),
+                )
+            })
+            .transpose()?,
+        status,
+    })
+}
+
+/// A hostname as Gateway API's PreciseHostname: lower-case DNS labels, no wildcard.
+fn hostname(h: &str, object: &str, field: &str) -> Result<String, ConvertError> {
+    let label_ok = |l: &str| {
+        !l.is_empty()
+            && l.len() <= 63
+            && l.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+    };
+    if h.len() > 253 || !h.split('.').all(label_ok) {
+        return Err(err(
+            object,
+            field,
+            format!("{h:?} is not a hostname (lower-case DNS labels separated by dots, no wildcard, no port)"),
+        ));
+    }
+    Ok(h.to_string())
+}
+
+fn path_modifier(
+    p: &gateway::PathModifier,
+    prefix_only: bool,
+    object: &str,
+    field: &str,
+) -> Result<PathModifier, ConvertError> {
+    let check = |v: &str, key: &str| {
+        let ok = v.is_empty() || v.starts_with('/');
+        let clean = !v
+            .bytes()
+            .any(|b| b.is_ascii_control() || b == b' ' || b == b'?' || b == b'#');
+        if ok && clean && v.len() <= 1024 {
+            Ok(v.to_string())
+        } else {
+            Err(err(
+                object,
+                &format!("{field}.{key}"),
+                format!("{v:?} is not a path (it starts with /, and has no spaces, ?, # or control characters)"),
+            ))
+        }
+    };
+    match p.kind.as_deref() {
+        Some("ReplaceFullPath") => {
+            let v = p.replace_full_path.as_deref().ok_or_else(|| {
+                err(
+                    object,
+                    &format!("{field}.replaceFullPath"),
+                    "required with type ReplaceFullPath",
+                )
+            })?;
+            let v = check(v, "replaceFullPath")?;
+            Ok(PathModifier::Full(if v.is_empty() {
+                "/".into()
+            } else {
+                v
+            }))
+        }
+        Some("ReplacePrefixMatch") => {
+            if !prefix_only {
+                return Err(err(
+                    object,
+                    &format!("{field}.type"),
+                    "ReplacePrefixMatch needs every match of the rule to be a PathPrefix match; use ReplaceFullPath or PathPrefix matches",
+                ));
+            }
+            let v = p.replace_prefix_match.as_deref().ok_or_else(|| {
+                err(
+                    object,
+                    &format!("{field}.replacePrefixMatch"),
+                    "required with type ReplacePrefixMatch",
+                )
+            })?;
+            Ok(PathModifier::Prefix(check(v, "replacePrefixMatch")?))
+        }
+        Some(other) => Err(err(
+            object,
+            &format!("{field}.type"),
+            format!("{other:?} is not a path modifier; use ReplaceFullPath or ReplacePrefixMatch"),
+        )),
+        None => Err(err(object, &format!("{field}.type"), "required")),
+    }
+}
+
+fn mirror(
+    m: &gateway::RequestMirror,
+    namespace: &str,
+    object: &str,
+    field: &str,
+) -> Result<Mirror, ConvertError> {
+    let b = m
+        .backend_ref
+        .as_ref()
+        .ok_or_else(|| err(object, &format!("{field}.backendRef"), "required"))?;
+    let at = format!("{field}.backendRef");
+    if b.weight.is_some() {
+        return Err(err(
+            object,
+            &format!("{at}.weight"),
+            "a mirror has no weight; use percent or fraction",
+        ));
+    }
+    let backend = backend(b, namespace, object, &at)?;
+    let (numerator, denominator) = match (m.percent, &m.fraction) {
+        (Some(_), Some(_)) => {
+            return Err(err(
+                object,
+                field,
+                "percent and fraction both set; keep one",
             ));
         }
-        *slot = Some(modifier(spec, object, &format!("{at}.{key}"))?);
-    }
-    Ok((request, response))
+        (Some(p), None) => {
+            let p = u32::try_from(p).ok().filter(|p| *p <= 100).ok_or_else(|| {
+                err(
+                    object,
+                    &format!("{field}.percent"),
+                    format!("{p} is not a percentage (0 to 100)"),
+                )
+            })?;
+            (p, 100)
+        }
+        (None, Some(f)) => {
+            let d = f.denominator.unwrap_or(100);
+            let n = f.numerator.unwrap_or(0);
+            let d = u32::try_from(d).ok().filter(|d| *d >= 1).ok_or_else(|| {
+                err(
+                    object,
+                    &format!("{field}.fraction.denominator"),
+                    format!("{d} is not a denominator (1 or more)"),
+                )
+            })?;
+            let n = u32::try_from(n).ok().filter(|n| *n <= d).ok_or_else(|| {
+                err(
+                    object,
+                    &format!("{field}.fraction.numerator"),
+                    format!("{n} is not a numerator (0 to the denominator, {d})"),
+                )
+            })?;
+            (n, d)
+        }
+        (None, None) => (1, 1),
+    };
+    Ok(Mirror {
+        backend,
+        numerator,
+        denominator,
+    })
 }
 
 fn modifier(

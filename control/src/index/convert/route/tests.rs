@@ -129,6 +129,59 @@ fn an_httproute_with_everything_it_may_say() {
 }
 
 #[test]
+fn redirect_rewrite_and_mirror_filters_with_their_defaults() {
+    let r = one(&format!(
+        "{H}spec:
+  parentRefs: [{{group: core, kind: Service, name: web}}]
+  rules:
+  - filters: [{{type: RequestRedirect, requestRedirect: {{}}}}]
+  - matches: [{{path: {{type: PathPrefix, value: /a}}}}, {{path: {{value: /b}}}}]
+    filters:
+    - {{type: URLRewrite, urlRewrite: {{path: {{type: ReplacePrefixMatch, replacePrefixMatch: ''}}}}}}
+    - {{type: RequestMirror, requestMirror: {{backendRef: {{name: m, port: 8080}}}}}}
+    - {{type: RequestMirror, requestMirror: {{backendRef: {{name: n, port: 80}}, fraction: {{numerator: 1}}}}}}
+"
+    ));
+    assert_eq!(
+        r.rules[0].redirect,
+        Some(Redirect {
+            scheme: None,
+            hostname: None,
+            path: None,
+            port: None,
+            status: 301
+        }),
+        "301 by default, everything else the request's"
+    );
+    let rule = &r.rules[1];
+    assert_eq!(
+        rule.rewrite,
+        Some(Rewrite {
+            hostname: None,
+            path: Some(PathModifier::Prefix(String::new()))
+        }),
+        "ReplacePrefixMatch with every match a PathPrefix (the default type)"
+    );
+    let mirrors: Vec<(&str, u16, u32, u32)> = rule
+        .mirrors
+        .iter()
+        .map(|m| {
+            (
+                m.backend.name.as_str(),
+                m.backend.port,
+                m.numerator,
+                m.denominator,
+            )
+        })
+        .collect();
+    assert_eq!(
+        mirrors,
+        [("m", 8080, 1, 1), ("n", 80, 1, 100)],
+        "every request by default; a fraction's denominator 100"
+    );
+}
+
+#[test]
 fn a_grpcroute_matches_service_and_method() {
     let r = one(&format!(
         "{G}spec:
@@ -169,7 +222,21 @@ fn each_bad_value_is_refused_by_field() {
         (format!("{{{p}rules: [{{matches: [{{headers: [{{name: 'x y', value: a}}]}}]}}]}}"), "spec.rules[0].matches[0].headers[0].name", "not a header name"),
         (format!("{{{p}rules: [{{matches: [{{queryParams: [{{name: q}}]}}]}}]}}"), "spec.rules[0].matches[0].queryParams[0].value", "required"),
         (format!("{{{p}rules: [{{matches: [{{method: get}}]}}]}}"), "spec.rules[0].matches[0].method", "not a method"),
-        (format!("{{{p}rules: [{{filters: [{{type: URLRewrite, urlRewrite: {{hostname: x}}}}]}}]}}"), "spec.rules[0].filters[0].type", "not supported"),
+        (format!("{{{p}rules: [{{filters: [{{type: CORS, cors: {{}}}}]}}]}}"), "spec.rules[0].filters[0].type", "not supported"),
+        (format!("{{{p}rules: [{{filters: [{{type: URLRewrite, urlRewrite: {{hostname: 'X_y'}}}}]}}]}}"), "spec.rules[0].filters[0].urlRewrite.hostname", "not a hostname"),
+        (format!("{{{p}rules: [{{filters: [{{type: URLRewrite}}]}}]}}"), "spec.rules[0].filters[0].urlRewrite", "required"),
+        (format!("{{{p}rules: [{{matches: [{{path: {{type: Exact, value: /a}}}}], filters: [{{type: URLRewrite, urlRewrite: {{path: {{type: ReplacePrefixMatch, replacePrefixMatch: /b}}}}}}]}}]}}"), "spec.rules[0].filters[0].urlRewrite.path.type", "PathPrefix"),
+        (format!("{{{p}rules: [{{filters: [{{type: URLRewrite, urlRewrite: {{path: {{type: ReplaceFullPath, replaceFullPath: 'no-slash'}}}}}}]}}]}}"), "spec.rules[0].filters[0].urlRewrite.path.replaceFullPath", "not a path"),
+        (format!("{{{p}rules: [{{filters: [{{type: RequestRedirect, requestRedirect: {{statusCode: 300}}}}]}}]}}"), "spec.rules[0].filters[0].requestRedirect.statusCode", "not a redirect status"),
+        (format!("{{{p}rules: [{{filters: [{{type: RequestRedirect, requestRedirect: {{scheme: ftp}}}}]}}]}}"), "spec.rules[0].filters[0].requestRedirect.scheme", "http or https"),
+        (format!("{{{p}rules: [{{filters: [{{type: RequestRedirect, requestRedirect: {{port: 70000}}}}]}}]}}"), "spec.rules[0].filters[0].requestRedirect.port", "not a port"),
+        (format!("{{{p}rules: [{{filters: [{{type: RequestRedirect, requestRedirect: {{}}}}, {{type: URLRewrite, urlRewrite: {{}}}}]}}]}}"), "spec.rules[0].filters", "cannot be in one rule"),
+        (format!("{{{p}rules: [{{filters: [{{type: RequestRedirect, requestRedirect: {{}}}}, {{type: RequestRedirect, requestRedirect: {{}}}}]}}]}}"), "spec.rules[0].filters[1].type", "a second RequestRedirect"),
+        (format!("{{{p}rules: [{{filters: [{{type: RequestMirror, requestMirror: {{}}}}]}}]}}"), "spec.rules[0].filters[0].requestMirror.backendRef", "required"),
+        (format!("{{{p}rules: [{{filters: [{{type: RequestMirror, requestMirror: {{backendRef: {{name: m, port: 80}}, percent: 101}}}}]}}]}}"), "spec.rules[0].filters[0].requestMirror.percent", "percentage"),
+        (format!("{{{p}rules: [{{filters: [{{type: RequestMirror, requestMirror: {{backendRef: {{name: m, port: 80}}, fraction: {{numerator: 3, denominator: 2}}}}}}]}}]}}"), "spec.rules[0].filters[0].requestMirror.fraction.numerator", "not a numerator"),
+        (format!("{{{p}rules: [{{filters: [{{type: RequestMirror, requestMirror: {{backendRef: {{name: m, port: 80}}, fraction: {{numerator: 1, denominator: 0}}}}}}]}}]}}"), "spec.rules[0].filters[0].requestMirror.fraction.denominator", "not a denominator"),
+        (format!("{{{p}rules: [{{filters: [{{type: RequestMirror, requestMirror: {{backendRef: {{name: m}}}}}}]}}]}}"), "spec.rules[0].filters[0].requestMirror.backendRef.port", "required"),
         (format!("{{{p}rules: [{{filters: [{{type: RequestHeaderModifier}}]}}]}}"), "spec.rules[0].filters[0].requestHeaderModifier", "required"),
         (format!("{{{p}rules: [{{backendRefs: [{{name: b}}]}}]}}"), "spec.rules[0].backendRefs[0].port", "required"),
         (format!("{{{p}rules: [{{backendRefs: [{{name: b, port: 80, weight: -1}}]}}]}}"), "spec.rules[0].backendRefs[0].weight", "not a weight"),
@@ -196,6 +263,12 @@ fn each_bad_value_is_refused_by_field() {
     );
     assert_eq!(f, "spec.rules[0].matches[0].method.type");
     assert!(m.contains("use Exact"), "{m}");
+    let (f, m) = refused_in(
+        G,
+        "{rules: [{filters: [{type: RequestRedirect, requestRedirect: {}}]}]}",
+    );
+    assert_eq!(f, "spec.rules[0].filters[0].type");
+    assert!(m.contains("HTTPRoute filter"), "{m}");
     let (f, _) = refused_in(G, "{rules: [{matches: [{method: {service: a/b}}]}]}");
     assert_eq!(f, "spec.rules[0].matches[0].method.service");
     let e = index("apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: r, namespace: shop}\n").expect_err("no spec");
