@@ -5,6 +5,10 @@
 //! Everything is validated when it arrives (regexes compiled, header names and values
 //! checked), so that matching a request cannot fail.
 
+mod filters;
+
+pub use filters::{Mirror, PathModifier, Redirect, Rewrite};
+
 use ambit_api::proto::policy as pb;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::Method;
@@ -13,10 +17,17 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// The routes of one Service, by Service port.
+/// The rules of each port.
+type PortRules = HashMap<u16, Vec<Arc<Rule>>>;
+
+/// The routes of one Service, by Service port: its own (producer routes), and for the
+/// clients of a namespace with consumer routes to it, theirs.
 #[derive(Debug)]
 pub struct ServiceRoutes {
-    ports: HashMap<u16, Vec<Arc<Rule>>>,
+    ports: PortRules,
+    /// Consumer routes by the clients' namespace: on the ports they attach to, they
+    /// replace `ports` for those clients.
+    consumers: HashMap<String, PortRules>,
     /// The Service's failure accrual (None: none, the default).
     pub failure_accrual: Option<Accrual>,
 }
@@ -83,35 +94,58 @@ impl ServiceRoutes {
     /// Parses one Service's routes; the whole Service is refused when any part does not
     /// parse (a rule left out could send its requests to another rule's backends).
     pub fn from_pb(s: &pb::ServiceRoutes) -> Result<Self, String> {
-        let mut ports = HashMap::new();
-        for p in &s.ports {
-            let port = u16::try_from(p.port)
-                .ok()
-                .filter(|p| *p != 0)
-                .ok_or_else(|| format!("Service {}: port {} is not a port", s.service, p.port))?;
-            let rules = p
-                .rules
-                .iter()
-                .enumerate()
-                .map(|(i, r)| {
-                    Rule::from_pb(r)
-                        .map(Arc::new)
-                        .map_err(|e| format!("Service {} port {port} rule {i}: {e}", s.service))
-                })
-                .collect::<Result<_, _>>()?;
-            ports.insert(port, rules);
+        let mut consumers = HashMap::new();
+        for c in &s.consumers {
+            let ports = port_rules(
+                &c.ports,
+                &format!("Service {} consumers {}", s.service, c.namespace),
+            )?;
+            if consumers.insert(c.namespace.clone(), ports).is_some() {
+                return Err(format!(
+                    "Service {}: consumer namespace {} twice",
+                    s.service, c.namespace
+                ));
+            }
         }
         Ok(Self {
-            ports,
+            ports: port_rules(&s.ports, &format!("Service {}", s.service))?,
+            consumers,
             failure_accrual: Accrual::from_pb(s.failure_accrual.as_ref(), &s.service)?,
         })
     }
 
-    /// The rules of `port`, in precedence order; None when the port has none (served as a
-    /// Service without routes).
-    pub fn port(&self, port: u16) -> Option<&[Arc<Rule>]> {
-        self.ports.get(&port).map(Vec::as_slice)
+    /// The rules of `port` for a client of namespace `client`, in precedence order: its
+    /// namespace's consumer routes when they attach to the port, else the Service's own;
+    /// None when the port has none (served as a Service without routes).
+    pub fn port(&self, client: &str, port: u16) -> Option<&[Arc<Rule>]> {
+        self.consumers
+            .get(client)
+            .and_then(|c| c.get(&port))
+            .or_else(|| self.ports.get(&port))
+            .map(Vec::as_slice)
     }
+}
+
+fn port_rules(ports: &[pb::PortRoutes], what: &str) -> Result<PortRules, String> {
+    let mut out = HashMap::new();
+    for p in ports {
+        let port = u16::try_from(p.port)
+            .ok()
+            .filter(|p| *p != 0)
+            .ok_or_else(|| format!("{what}: port {} is not a port", p.port))?;
+        let rules = p
+            .rules
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                Rule::from_pb(r)
+                    .map(Arc::new)
+                    .map_err(|e| format!("{what} port {port} rule {i}: {e}"))
+            })
+            .collect::<Result<_, _>>()?;
+        out.insert(port, rules);
+    }
+    Ok(out)
 }
 
 /// The first rule of `rules` that matches the request, if any.
@@ -153,6 +187,12 @@ pub struct Rule {
     matcher: Option<Matcher>,
     pub request_headers: HeaderModifier,
     pub response_headers: HeaderModifier,
+    /// RequestRedirect: answered by the proxy.
+    pub redirect: Option<Redirect>,
+    /// URLRewrite.
+    pub rewrite: Option<Rewrite>,
+    /// RequestMirror filters.
+    pub mirrors: Vec<Mirror>,
     /// Empty: the parent Service itself.
     pub backends: Vec<Backend>,
     /// The sum of the backends' weights.
@@ -185,12 +225,29 @@ impl Rule {
                 .map_err(|e| format!("request header modifier: {e}"))?,
             response_headers: HeaderModifier::from_pb(r.response_headers.as_ref())
                 .map_err(|e| format!("response header modifier: {e}"))?,
+            redirect: r.redirect.as_ref().map(Redirect::from_pb).transpose()?,
+            rewrite: r.rewrite.as_ref().map(Rewrite::from_pb).transpose()?,
+            mirrors: r
+                .mirrors
+                .iter()
+                .map(Mirror::from_pb)
+                .collect::<Result<_, _>>()?,
             backends,
             total_weight,
             timeouts,
             retry: r.retry.as_ref().map(Retry::from_pb).transpose()?,
             grpc: r.grpc,
         })
+    }
+
+    /// The path prefix the rule's match matched (for ReplacePrefixMatch), without its
+    /// trailing `/`; `Some("")` for a rule that matches every path.
+    pub fn matched_prefix(&self) -> Option<&str> {
+        match self.matcher.as_ref().map(|m| &m.path) {
+            None | Some(None) => Some(""),
+            Some(Some(PathMatch::Prefix(p))) => Some(p),
+            Some(Some(_)) => None,
+        }
     }
 
     /// Whether the request matches (a rule with no match matches everything).

@@ -407,13 +407,14 @@ mod tests {
                 }],
             }],
             failure_accrual: None,
+            consumers: vec![],
         }
     }
 
     fn route_name(s: &PolicyState, svc: &str) -> Option<String> {
         let (ns, name) = svc.split_once('/').unwrap();
         let routes = s.routes(ns, name)?;
-        Some(routes.port(80)?[0].route_name.clone())
+        Some(routes.port("shop", 80)?[0].route_name.clone())
     }
 
     #[test]

@@ -109,7 +109,7 @@ pub(super) async fn serve_outbound(
     let stall = super::write_stall_limit(&shared);
     let labels = TrafficLabels::outbound(&pod.workload, String::new(), DstService::default());
     let conn = Arc::new(ConnMetrics {
-        series: ConnectionSeries::new(shared.http.clone(), labels),
+        series: Arc::new(ConnectionSeries::new(shared.http.clone(), labels)),
         routes: RouteCache::default(),
         tcp: Arc::new(TcpConnection::opened(&metrics, tcp, activity.clone())),
     });
@@ -194,7 +194,8 @@ pub(super) async fn serve_outbound(
 
 /// What an outbound connection's requests share for their metrics.
 struct ConnMetrics {
-    series: ConnectionSeries,
+    /// Shared with the tasks that send a route's mirrored copies.
+    series: Arc<ConnectionSeries>,
     routes: RouteCache,
     /// Held by the connection's server and by the relay of a connection it upgraded.
     tcp: Arc<TcpConnection>,
@@ -252,8 +253,8 @@ impl Drop for TcpConnection {
 async fn outbound_request(
     req: Request<Incoming>,
     dst: SocketAddr,
-    pod: &PodContext,
-    shared: &Shared,
+    pod: &Arc<PodContext>,
+    shared: &Arc<Shared>,
     conn: &ConnMetrics,
 ) -> Response<Body> {
     let grpc = super::classify::is_grpc(req.headers());
@@ -300,10 +301,10 @@ fn grpc_answer(resp: Response<Body>) -> Response<Body> {
 }
 
 async fn route_request(
-    mut req: Request<Incoming>,
+    req: Request<Incoming>,
     dst: SocketAddr,
-    pod: &PodContext,
-    shared: &Shared,
+    pod: &Arc<PodContext>,
+    shared: &Arc<Shared>,
     conn: &ConnMetrics,
 ) -> Response<Body> {
     let conn_series = &conn.series;
@@ -322,14 +323,16 @@ async fn route_request(
         series.request();
         series.response(start.elapsed(), error_response(&e))
     };
-    let rule = match super::route::rule(&req, &original, shared) {
+    let rule = match super::route::rule(&req, &original, &pod.workload.namespace, shared) {
         Ok(r) => r,
         Err(e) => return refused(e),
     };
-    if let Some(r) = &rule {
-        r.request_headers.apply(req.headers_mut());
+    let (mut parts, body) = req.into_parts();
+    if let Some(r) = rule.as_ref().filter(|r| r.redirect.is_none()) {
+        super::route::rewrite(r, &mut parts);
     }
-    if super::upgrade::is_upgrade(&req) {
+    let req = Request::from_parts(parts, body);
+    if super::upgrade::is_upgrade(&req) && rule.as_ref().is_none_or(|r| r.redirect.is_none()) {
         // An upgrade is never retried: one endpoint, and the connection becomes a stream.
         let picked = super::route::backend(rule.as_deref(), &original, shared)
             .await

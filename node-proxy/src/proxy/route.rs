@@ -1,19 +1,22 @@
 //! Outbound routing of one HTTP request to a Service with routes (HTTPRoute, GRPCRoute,
-//! or the Service's own annotations): the first rule that matches, then for each try one
-//! of its backends by weight and an endpoint by the balancer; the rule's timeouts,
-//! retries within the route's budget, header modifiers and route metrics. A Service
-//! without routes is served as before: every request, once, to its endpoints.
+//! or the Service's own annotations): the first rule that matches (of the client's
+//! namespace's consumer routes, else the Service's own), then for each try one of its
+//! backends by weight and an endpoint by the balancer; the rule's timeouts, retries
+//! within the route's budget, filters (header modifiers, a redirect answered here, a
+//! rewrite, mirrors sent beside the request and never waited for) and route metrics. A
+//! Service without routes is served as before: every request, once, to its endpoints.
 
 use super::body::{self, Body};
 use super::http::{error_response, try_once};
 use super::http_metrics::ConnectionSeries;
 use super::resolve::{Resolved, ServicePort};
 use super::retry::{backoff, retryable, NotReplayable, Replay};
-use super::route_metrics::{NotRetried, RouteCache, RouteLabels};
+use super::route_metrics::{Mirrored, NotRetried, RouteCache, RouteLabels, RouteRequest};
 use super::{PodContext, ProxyError, Shared};
-use crate::policy::routes::{select, Backend, RequestParts, Rule};
+use crate::policy::routes::{select, Backend, Mirror, RequestParts, Rule};
 use http::request::Parts;
 use http::{Request, Response};
+use http_body_util::BodyExt;
 use std::borrow::Cow;
 use std::sync::Arc;
 
@@ -22,13 +25,17 @@ use std::sync::Arc;
 pub(super) fn rule<B>(
     req: &Request<B>,
     original: &Resolved,
+    client_namespace: &str,
     shared: &Shared,
 ) -> Result<Option<Arc<Rule>>, ProxyError> {
     let Some(svc) = &original.service else {
         return Ok(None);
     };
     let routes = shared.policy.borrow().routes(&svc.namespace, &svc.name);
-    let Some(rules) = routes.as_ref().and_then(|r| r.port(svc.port)) else {
+    let Some(rules) = routes
+        .as_ref()
+        .and_then(|r| r.port(client_namespace, svc.port))
+    else {
         return Ok(None);
     };
     let rule = select(rules, &RequestParts::of(req)).ok_or_else(|| {
@@ -83,21 +90,39 @@ pub(super) async fn backend<'a>(
     Ok((Some(b.clone()), Cow::Owned(resolved)))
 }
 
+/// The rule's request filters that change what is sent: the request header modifier,
+/// then the URL rewrite.
+pub(super) fn rewrite(rule: &Rule, parts: &mut Parts) {
+    rule.request_headers.apply(&mut parts.headers);
+    if let Some(rw) = &rule.rewrite {
+        rw.apply(parts, rule.matched_prefix());
+    }
+}
+
+/// Mirrored copies in flight at once, over every pod of the node; beyond, copies are
+/// dropped (and counted): a mirror slower than its traffic must not pile up requests.
+const MAX_MIRRORS_IN_FLIGHT: usize = 512;
+/// How long a mirrored copy may take to its response's headers.
+const MIRROR_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+static MIRRORS_IN_FLIGHT: tokio::sync::Semaphore =
+    tokio::sync::Semaphore::const_new(MAX_MIRRORS_IN_FLIGHT);
+
 /// A request on its way through a route.
 pub(super) struct Trying<'a> {
     pub rule: Arc<Rule>,
     pub original: &'a Resolved,
     pub dst_service: &'a super::metrics::DstService,
-    pub pod: &'a PodContext,
-    pub shared: &'a Shared,
-    pub conn_series: &'a ConnectionSeries,
+    pub pod: &'a Arc<PodContext>,
+    pub shared: &'a Arc<Shared>,
+    pub conn_series: &'a Arc<ConnectionSeries>,
     /// The route metrics' handles this connection has used.
     pub cache: &'a RouteCache,
 }
 
 impl Trying<'_> {
-    /// Sends the request (its request header modifier already applied) as the rule says
-    /// and returns the response to give the application.
+    /// Sends the request (its header modifier and rewrite already applied) as the rule
+    /// says — or answers its redirect — and returns the response to give the
+    /// application.
     pub async fn serve(self, parts: Parts, body: Body) -> Response<Body> {
         let Some(parent) = self.original.service.clone() else {
             // Only a Service has routes.
@@ -112,7 +137,58 @@ impl Trying<'_> {
                 RouteLabels::new(&self.pod.workload, &parent, &rule)
             })
             .request();
-        let tries = self.tries(&parent, &metrics, parts, body);
+        if let Some(r) = &rule.redirect {
+            let host = parts
+                .uri
+                .authority()
+                .map(|a| a.as_str().to_string())
+                .or_else(|| {
+                    parts
+                        .headers
+                        .get(http::header::HOST)
+                        .and_then(|h| h.to_str().ok())
+                        .map(str::to_string)
+                })
+                .unwrap_or_else(|| parent.name.clone());
+            let location = r.location(
+                &host,
+                parent.port,
+                parts.uri.path(),
+                parts.uri.query(),
+                rule.matched_prefix(),
+            );
+            let resp = Response::builder()
+                .status(r.status)
+                .header(http::header::LOCATION, location)
+                .body(body::empty())
+                .unwrap_or_else(|e| {
+                    error_response(&ProxyError::Internal(format!("redirect: {e}")))
+                });
+            return metrics.finish(resp, None, false);
+        }
+        // Mirrors first: a copy without a body goes now, beside the request; one with a
+        // body once the request's body has been sent whole (it is recorded, as for a
+        // retry), or not at all.
+        let mirrors: Vec<_> = rule
+            .mirrors
+            .iter()
+            .filter(|m| m.takes(fastrand::f64()))
+            .cloned()
+            .collect();
+        let bodiless = http_body::Body::is_end_stream(&body);
+        let (body, recorded) = if !mirrors.is_empty() && !bodiless && rule.retry.is_none() {
+            let (b, r) = Replay::record(body);
+            (b, Some(r))
+        } else {
+            (body, None)
+        };
+        let heads: Vec<Parts> = mirrors.iter().map(|_| copy(&parts)).collect();
+        if bodiless {
+            for (m, head) in mirrors.iter().zip(heads.iter()) {
+                self.mirror(m, copy(head), body::empty(), &metrics);
+            }
+        }
+        let tries = self.tries(&parent, &metrics, parts, body, recorded.clone());
         let started = tokio::time::Instant::now();
         let (mut resp, error, retried) = match rule.timeouts.request {
             None => tries.await,
@@ -131,7 +207,63 @@ impl Trying<'_> {
         if let Some(d) = rule.timeouts.request {
             resp = resp.map(|b| body::deadline(b, started + d));
         }
+        if !bodiless {
+            for (m, head) in mirrors.iter().zip(heads) {
+                match recorded.as_ref().map(Replay::replay) {
+                    Some(Ok(b)) => self.mirror(m, head, b, &metrics),
+                    _ => metrics.mirrored(&m.backend, Mirrored::Dropped),
+                }
+            }
+        }
         metrics.finish(resp, error, retried)
+    }
+
+    /// Sends a copy to mirror `m` in a task of its own, its answer read and dropped.
+    fn mirror(&self, m: &Mirror, head: Parts, body: Body, metrics: &RouteRequest) {
+        let Ok(permit) = MIRRORS_IN_FLIGHT.try_acquire() else {
+            metrics.mirrored(&m.backend, Mirrored::Dropped);
+            return;
+        };
+        let (pod, shared, series) = (
+            self.pod.clone(),
+            self.shared.clone(),
+            self.conn_series.clone(),
+        );
+        let (m, metrics) = (m.clone(), metrics.clone());
+        tokio::spawn(async move {
+            let _permit = permit;
+            let b = &m.backend;
+            let sent = async {
+                let resolved = Resolved::service(&b.namespace, &b.name, b.port, &shared)
+                    .await
+                    .ok()
+                    .flatten()?;
+                let dst = resolved.dst_service();
+                let req = Request::from_parts(head, body);
+                let (resp, error) = try_once(
+                    req,
+                    &resolved,
+                    Some(MIRROR_TIMEOUT),
+                    &pod,
+                    &shared,
+                    &series,
+                    &dst,
+                )
+                .await;
+                if error.is_some() {
+                    return None;
+                }
+                // Read the answer to its end (so that the connection is reused), within the
+                // same time.
+                let _ = tokio::time::timeout(MIRROR_TIMEOUT, resp.into_body().collect()).await;
+                Some(())
+            };
+            let result = match sent.await {
+                Some(()) => Mirrored::Sent,
+                None => Mirrored::Failed,
+            };
+            metrics.mirrored(b, result);
+        });
     }
 
     /// Each try in turn, until one is not retried: the response, the error kind when no
@@ -142,16 +274,18 @@ impl Trying<'_> {
         metrics: &super::route_metrics::RouteRequest,
         parts: Parts,
         body: Body,
+        recorded: Option<Replay>,
     ) -> (Response<Body>, Option<&'static str>, bool) {
         let rule = &self.rule;
         let retry = rule.retry.as_ref().filter(|r| r.limit > 0);
         let budget = retry.map(|_| self.shared.budgets.get(parent, rule, &self.pod.workload));
-        let (body, replay) = match retry {
-            Some(_) => {
+        let (body, replay) = match (retry, recorded) {
+            (_, Some(r)) => (body, Some(r)),
+            (Some(_), None) => {
                 let (b, r) = Replay::record(body);
                 (b, Some(r))
             }
-            None => (body, None),
+            (None, None) => (body, None),
         };
         if let Some(b) = &budget {
             b.deposit();

@@ -116,6 +116,25 @@ struct BackendLabels {
     backend_port: String,
 }
 
+/// A mirrored copy of a route's request: where it went and how it ended.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MirrorLabels {
+    #[prometheus(flatten)]
+    backend: BackendLabels,
+    /// `sent` (a response came; its status is not judged), `failed` (no response: no
+    /// endpoint, an error, the mirror's timeout), `dropped` (too many mirrored requests
+    /// in flight, or a body that could not be copied).
+    result: &'static str,
+}
+
+/// How a mirrored copy ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mirrored {
+    Sent,
+    Failed,
+    Dropped,
+}
+
 type Durations = Family<RouteLabels, Histogram, fn() -> Histogram>;
 
 fn duration_histogram() -> Histogram {
@@ -130,6 +149,7 @@ struct Families {
     durations: Durations,
     statuses: Family<StatusLabels, Counter>,
     backends: Family<BackendLabels, Counter>,
+    mirrors: Family<MirrorLabels, Counter>,
     retry_requests: Family<RouteLabels, Counter>,
     retry_successes: Family<RouteLabels, Counter>,
     retry_limit_exceeded: Family<RouteLabels, Counter>,
@@ -143,6 +163,7 @@ impl Families {
             durations: Family::new_with_constructor(duration_histogram as fn() -> Histogram),
             statuses: Family::default(),
             backends: Family::default(),
+            mirrors: Family::default(),
             retry_requests: Family::default(),
             retry_successes: Family::default(),
             retry_limit_exceeded: Family::default(),
@@ -164,6 +185,11 @@ impl Families {
             format!("{p}_backend_requests"),
             "Tries sent to each backend of a route",
             f.backends.clone(),
+        );
+        registry.register(
+            format!("{p}_mirror_requests"),
+            "Copies of a route's requests sent by its RequestMirror filters, by how they ended",
+            f.mirrors.clone(),
         );
         for (name, help, family) in [
             ("retry_requests", "Retries sent", &f.retry_requests),
@@ -223,6 +249,7 @@ pub struct RouteMetrics {
     routes: super::metrics::SeriesTracker<RouteLabels>,
     statuses: super::metrics::SeriesTracker<StatusLabels>,
     backends: super::metrics::SeriesTracker<BackendLabels>,
+    mirrors: super::metrics::SeriesTracker<MirrorLabels>,
 }
 
 impl RouteMetrics {
@@ -234,6 +261,7 @@ impl RouteMetrics {
             routes: Default::default(),
             statuses: Default::default(),
             backends: Default::default(),
+            mirrors: Default::default(),
         }
     }
 
@@ -250,6 +278,10 @@ impl RouteMetrics {
         for l in self.backends.take(namespace, pod) {
             self.http.backends.remove(&l);
             self.grpc.backends.remove(&l);
+        }
+        for l in self.mirrors.take(namespace, pod) {
+            self.http.mirrors.remove(&l);
+            self.grpc.mirrors.remove(&l);
         }
     }
 
@@ -380,6 +412,29 @@ impl RouteRequest {
         if kept.len() < MAX_KEPT {
             kept.push((namespace.clone(), name.clone(), port, c));
         }
+    }
+
+    /// A mirrored copy to `backend` ended as `result` (resolved each time: mirrors are
+    /// rare beside tries).
+    pub(super) fn mirrored(&self, backend: &Backend, result: Mirrored) {
+        let h = &self.handles;
+        let l = MirrorLabels {
+            backend: BackendLabels {
+                route: h.labels.clone(),
+                backend_namespace: backend.namespace.clone(),
+                backend_name: backend.name.clone(),
+                backend_port: backend.port.to_string(),
+            },
+            result: match result {
+                Mirrored::Sent => "sent",
+                Mirrored::Failed => "failed",
+                Mirrored::Dropped => "dropped",
+            },
+        };
+        h.metrics
+            .mirrors
+            .track(&h.labels.namespace, &h.labels.pod, &l);
+        self.families().mirrors.get_or_create(&l).inc();
     }
 
     /// A retry is sent.

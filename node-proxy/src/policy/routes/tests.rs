@@ -27,6 +27,7 @@ fn routes(rules: Vec<pb::Rule>) -> Result<ServiceRoutes, String> {
         service: "shop/web".into(),
         ports: vec![pb::PortRoutes { port: 80, rules }],
         failure_accrual: None,
+        consumers: vec![],
     })
 }
 
@@ -40,7 +41,7 @@ fn request(method: &str, uri: &str, headers: &[(&str, &str)]) -> http::Request<(
 
 /// The name of the rule `req` selects, or "404".
 fn selected(r: &ServiceRoutes, req: &http::Request<()>) -> String {
-    select(r.port(80).unwrap(), &RequestParts::of(req))
+    select(r.port("shop", 80).unwrap(), &RequestParts::of(req))
         .map_or("404".into(), |r| r.route_name.clone())
 }
 
@@ -118,7 +119,7 @@ fn the_first_matching_rule_wins_and_none_is_a_404() {
     for (req, want) in cases {
         assert_eq!(selected(&r, &req), want, "{} {}", req.method(), req.uri());
     }
-    assert!(r.port(81).is_none());
+    assert!(r.port("shop", 81).is_none());
 }
 
 #[test]
@@ -167,7 +168,7 @@ fn backends_are_chosen_by_weight_and_weight_zero_never() {
         &[("shop/v1", 90), ("shop/v2", 10), ("shop/off", 0)],
     )])
     .unwrap();
-    let split = &r.port(80).unwrap()[0];
+    let split = &r.port("shop", 80).unwrap()[0];
     let mut counts: HashMap<String, u32> = HashMap::new();
     // Every roll in 1000 even steps: exactly the weights.
     for i in 0..1000 {
@@ -179,10 +180,10 @@ fn backends_are_chosen_by_weight_and_weight_zero_never() {
     assert_eq!(counts.get("off"), None);
     // No backends: the parent itself. Only weight 0: none usable (Gateway API: 500).
     let r = routes(vec![rule("parent", None, &[])]).unwrap();
-    assert!(r.port(80).unwrap()[0].backend(0.5).is_none());
-    assert!(!r.port(80).unwrap()[0].has_no_usable_backend());
+    assert!(r.port("shop", 80).unwrap()[0].backend(0.5).is_none());
+    assert!(!r.port("shop", 80).unwrap()[0].has_no_usable_backend());
     let r = routes(vec![rule("zero", None, &[("shop/off", 0)])]).unwrap();
-    assert!(r.port(80).unwrap()[0].has_no_usable_backend());
+    assert!(r.port("shop", 80).unwrap()[0].has_no_usable_backend());
 }
 
 #[test]
@@ -355,4 +356,65 @@ fn a_host_match_reads_the_authority_of_an_http2_request() {
         selected(&r, &request("GET", "/", &[("host", "api.shop")])),
         "404"
     );
+}
+
+#[test]
+fn a_clients_namespace_takes_its_consumer_routes_on_their_ports_only() {
+    let named = |name: &str| pb::Rule {
+        route_kind: "HTTPRoute".into(),
+        route_name: name.into(),
+        ..Default::default()
+    };
+    let r = ServiceRoutes::from_pb(&pb::ServiceRoutes {
+        service: "shop/web".into(),
+        ports: vec![
+            pb::PortRoutes {
+                port: 80,
+                rules: vec![named("producer")],
+            },
+            pb::PortRoutes {
+                port: 81,
+                rules: vec![named("producer-81")],
+            },
+        ],
+        failure_accrual: None,
+        consumers: vec![pb::ConsumerRoutes {
+            namespace: "client".into(),
+            ports: vec![pb::PortRoutes {
+                port: 80,
+                rules: vec![named("consumer")],
+            }],
+        }],
+    })
+    .unwrap();
+    let get = request("GET", "/", &[]);
+    let name = |ns: &str, port: u16| {
+        select(r.port(ns, port).unwrap(), &RequestParts::of(&get))
+            .unwrap()
+            .route_name
+            .clone()
+    };
+    assert_eq!(name("client", 80), "consumer");
+    assert_eq!(
+        name("client", 81),
+        "producer-81",
+        "a port its routes do not name"
+    );
+    assert_eq!(name("shop", 80), "producer", "the Service's own namespace");
+    assert_eq!(name("other", 80), "producer");
+    let twice = ServiceRoutes::from_pb(&pb::ServiceRoutes {
+        service: "shop/web".into(),
+        consumers: vec![
+            pb::ConsumerRoutes {
+                namespace: "c".into(),
+                ports: vec![],
+            },
+            pb::ConsumerRoutes {
+                namespace: "c".into(),
+                ports: vec![],
+            },
+        ],
+        ..Default::default()
+    });
+    assert!(twice.unwrap_err().contains("twice"));
 }
