@@ -120,7 +120,7 @@ fn check_port(policy: &PortPolicy, reqs: &[Request<()>]) {
 /// Checks a Service's routes: rules selected, backends picked, headers modified.
 fn check_routes(routes: &ServiceRoutes, ports: &[u32], reqs: &[Request<()>]) {
     for port in ports.iter().filter_map(|p| u16::try_from(*p).ok()) {
-        let Some(rules) = routes.port(port) else {
+        let Some(rules) = routes.port("", port) else {
             continue;
         };
         for req in reqs {

@@ -349,9 +349,9 @@ pub struct BackendRef {
     /// Share of the requests (default 1; 0: none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub weight: Option<i64>,
-    /// Per-backend filters; not supported.
+    /// Per-backend filters: header modifiers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub filters: Option<Json>,
+    pub filters: Option<Vec<Filter>>,
 }
 
 /// `rules[].timeouts`.

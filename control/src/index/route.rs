@@ -227,6 +227,10 @@ pub struct BackendRef {
     pub port: u16,
     /// Share of the requests (0: none).
     pub weight: u32,
+    /// The backend's own RequestHeaderModifier (after the rule's).
+    pub request_headers: Option<HeaderModifier>,
+    /// The backend's own ResponseHeaderModifier.
+    pub response_headers: Option<HeaderModifier>,
 }
 
 /// A rule's retry stanza, as written (defaults applied when rendered).

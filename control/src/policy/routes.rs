@@ -449,6 +449,8 @@ fn backend(b: &BackendRef) -> pb::Backend {
         service: format!("{}/{}", b.namespace, b.name),
         port: u32::from(b.port),
         weight: b.weight,
+        request_headers: b.request_headers.as_ref().map(modifier),
+        response_headers: b.response_headers.as_ref().map(modifier),
     }
 }
 

@@ -430,7 +430,7 @@ fn query_values<'a>(query: Option<&'a str>, name: &'a str) -> impl Iterator<Item
 }
 
 /// RequestHeaderModifier / ResponseHeaderModifier.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct HeaderModifier {
     set: Vec<(HeaderName, HeaderValue)>,
     add: Vec<(HeaderName, HeaderValue)>,
@@ -482,13 +482,17 @@ impl HeaderModifier {
     }
 }
 
-/// A backend Service port and its weight.
+/// A backend Service port, its weight and its own filters.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Backend {
     pub namespace: String,
     pub name: String,
     pub port: u16,
     pub weight: u32,
+    /// Applied to each try sent to it, after the rule's.
+    pub request_headers: HeaderModifier,
+    /// Applied to its responses, before the rule's.
+    pub response_headers: HeaderModifier,
 }
 
 impl Backend {
@@ -502,11 +506,14 @@ impl Backend {
             .ok()
             .filter(|p| *p != 0)
             .ok_or_else(|| format!("backend {}: port {} is not a port", b.service, b.port))?;
+        let what = |e: String| format!("backend {}: {e}", b.service);
         Ok(Self {
             namespace: namespace.into(),
             name: name.into(),
             port,
             weight: b.weight,
+            request_headers: HeaderModifier::from_pb(b.request_headers.as_ref()).map_err(what)?,
+            response_headers: HeaderModifier::from_pb(b.response_headers.as_ref()).map_err(what)?,
         })
     }
 }

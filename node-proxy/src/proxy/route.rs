@@ -302,9 +302,12 @@ impl Trying<'_> {
                 Err(e) => return (error_response(&e), Some(e.kind()), n > 0),
             };
             metrics.backend(backend.as_ref(), parent);
-            let head = first.take().unwrap_or_else(|| copy(&template));
+            let mut head = first.take().unwrap_or_else(|| copy(&template));
+            if let Some(b) = &backend {
+                b.request_headers.apply(&mut head.headers);
+            }
             let req = Request::from_parts(head, body.take().unwrap_or_else(body::empty));
-            let (resp, error) = try_once(
+            let (mut resp, error) = try_once(
                 req,
                 &resolved,
                 rule.timeouts.per_try(),
@@ -314,6 +317,9 @@ impl Trying<'_> {
                 self.dst_service,
             )
             .await;
+            if let Some(b) = &backend {
+                b.response_headers.apply(resp.headers_mut());
+            }
             let (Some(retry), Some(replay), Some(budget)) = (retry, &replay, &budget) else {
                 return (resp, error, false);
             };

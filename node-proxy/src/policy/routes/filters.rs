@@ -234,6 +234,7 @@ impl Mirror {
             service: m.service.clone(),
             port: m.port,
             weight: 1,
+            ..Default::default()
         })
         .map_err(|e| format!("mirror {e}"))?;
         if m.denominator == 0 || m.numerator > m.denominator {

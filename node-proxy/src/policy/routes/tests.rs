@@ -16,6 +16,7 @@ fn rule(name: &str, m: Option<pb::RequestMatch>, backends: &[(&str, u32)]) -> pb
                 service: (*s).into(),
                 port: 80,
                 weight: *w,
+                ..Default::default()
             })
             .collect(),
         ..Default::default()

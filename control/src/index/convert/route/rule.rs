@@ -205,7 +205,8 @@ fn redirect(
         })
         .transpose()?;
     let status = match r.status_code {
-        None => 301,
+        // Gateway API's default.
+        None => 302,
         Some(c @ (301 | 302 | 303 | 307 | 308)) => c as u16,
         Some(c) => {
             return Err(err(
@@ -459,12 +460,37 @@ fn backend(
             format!("{group}/{kind}: only Services are supported as backends (group \"\" or core)"),
         ));
     }
-    if b.filters.as_ref().is_some_and(|f| !f.is_null()) {
-        return Err(err(
-            object,
-            &format!("{field}.filters"),
-            "per-backend filters are not supported; put them on the rule",
-        ));
+    let (mut request_headers, mut response_headers) = (None, None);
+    for (i, f) in b.filters.iter().flatten().enumerate() {
+        let at = format!("{field}.filters[{i}]");
+        let ty = f.kind.as_deref().unwrap_or_default();
+        let (slot, spec, key) = match ty {
+            "RequestHeaderModifier" => (&mut request_headers, &f.request_header_modifier, "requestHeaderModifier"),
+            "ResponseHeaderModifier" => (&mut response_headers, &f.response_header_modifier, "responseHeaderModifier"),
+            "" => return Err(err(object, &format!("{at}.type"), "required")),
+            other => {
+                return Err(err(
+                    object,
+                    &format!("{at}.type"),
+                    format!("{other:?} is not supported on a backend; use RequestHeaderModifier or ResponseHeaderModifier, or put the filter on the rule"),
+                ))
+            }
+        };
+        let spec = spec.as_ref().ok_or_else(|| {
+            err(
+                object,
+                &format!("{at}.{key}"),
+                format!("required with type {ty}"),
+            )
+        })?;
+        if slot.is_some() {
+            return Err(err(
+                object,
+                &format!("{at}.type"),
+                format!("a second {ty} on one backend; merge them into one"),
+            ));
+        }
+        *slot = Some(modifier(spec, object, &format!("{at}.{key}"))?);
     }
     let name = b
         .name
@@ -511,6 +537,8 @@ fn backend(
         name,
         port,
         weight,
+        request_headers,
+        response_headers,
     })
 }
 

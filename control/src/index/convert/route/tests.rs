@@ -140,6 +140,12 @@ fn redirect_rewrite_and_mirror_filters_with_their_defaults() {
     - {{type: URLRewrite, urlRewrite: {{path: {{type: ReplacePrefixMatch, replacePrefixMatch: ''}}}}}}
     - {{type: RequestMirror, requestMirror: {{backendRef: {{name: m, port: 8080}}}}}}
     - {{type: RequestMirror, requestMirror: {{backendRef: {{name: n, port: 80}}, fraction: {{numerator: 1}}}}}}
+  - backendRefs:
+    - name: web
+      port: 80
+      filters:
+      - {{type: RequestHeaderModifier, requestHeaderModifier: {{add: [{{name: X-B, value: '1'}}]}}}}
+      - {{type: ResponseHeaderModifier, responseHeaderModifier: {{remove: [X-C]}}}}
 "
     ));
     assert_eq!(
@@ -149,9 +155,19 @@ fn redirect_rewrite_and_mirror_filters_with_their_defaults() {
             hostname: None,
             path: None,
             port: None,
-            status: 301
+            status: 302
         }),
-        "301 by default, everything else the request's"
+        "302 by default (Gateway API's), everything else the request's"
+    );
+    let b = &r.rules[2].backends[0];
+    assert_eq!(
+        b.request_headers.clone().unwrap_or_default().add,
+        vec![("x-b".to_string(), "1".to_string())],
+        "a backend's own header modifier"
+    );
+    assert_eq!(
+        b.response_headers.clone().unwrap_or_default().remove,
+        vec!["x-c".to_string()]
     );
     let rule = &r.rules[1];
     assert_eq!(
@@ -237,6 +253,7 @@ fn each_bad_value_is_refused_by_field() {
         (format!("{{{p}rules: [{{filters: [{{type: RequestMirror, requestMirror: {{backendRef: {{name: m, port: 80}}, fraction: {{numerator: 3, denominator: 2}}}}}}]}}]}}"), "spec.rules[0].filters[0].requestMirror.fraction.numerator", "not a numerator"),
         (format!("{{{p}rules: [{{filters: [{{type: RequestMirror, requestMirror: {{backendRef: {{name: m, port: 80}}, fraction: {{numerator: 1, denominator: 0}}}}}}]}}]}}"), "spec.rules[0].filters[0].requestMirror.fraction.denominator", "not a denominator"),
         (format!("{{{p}rules: [{{filters: [{{type: RequestMirror, requestMirror: {{backendRef: {{name: m}}}}}}]}}]}}"), "spec.rules[0].filters[0].requestMirror.backendRef.port", "required"),
+        (format!("{{{p}rules: [{{backendRefs: [{{name: b, port: 80, filters: [{{type: URLRewrite, urlRewrite: {{}}}}]}}]}}]}}"), "spec.rules[0].backendRefs[0].filters[0].type", "not supported on a backend"),
         (format!("{{{p}rules: [{{filters: [{{type: RequestHeaderModifier}}]}}]}}"), "spec.rules[0].filters[0].requestHeaderModifier", "required"),
         (format!("{{{p}rules: [{{backendRefs: [{{name: b}}]}}]}}"), "spec.rules[0].backendRefs[0].port", "required"),
         (format!("{{{p}rules: [{{backendRefs: [{{name: b, port: 80, weight: -1}}]}}]}}"), "spec.rules[0].backendRefs[0].weight", "not a weight"),
