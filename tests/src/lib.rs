@@ -16,6 +16,7 @@
 pub mod binary;
 pub mod cni;
 pub mod discovery;
+pub mod echo;
 pub mod images;
 pub mod kube;
 pub mod load;

@@ -46,11 +46,23 @@ fn route<M>(
             parents.push(parent);
         }
     }
+    let namespaces = rule::Namespaces {
+        route: &namespace,
+        consumer_of: parents
+            .iter()
+            .filter_map(|p| match p {
+                RouteParent::Service { namespace: ns, .. } if *ns != namespace => {
+                    Some(ns.as_str())
+                }
+                _ => None,
+            })
+            .collect(),
+    };
     let mut rules = Vec::new();
     for (i, r) in spec.rules.iter().flatten().enumerate() {
         rules.push(rule_of(
             r,
-            &namespace,
+            &namespaces,
             kind,
             &object,
             &format!("spec.rules[{i}]"),
@@ -70,7 +82,7 @@ fn route<M>(
 
 fn rule_of<M>(
     r: &RuleSpec<M>,
-    namespace: &str,
+    namespaces: &rule::Namespaces<'_>,
     kind: RouteKind,
     object: &str,
     field: &str,
@@ -80,7 +92,7 @@ fn rule_of<M>(
     for (j, m) in r.matches.iter().flatten().enumerate() {
         matches.push(convert_match(m, object, &format!("{field}.matches[{j}]"))?);
     }
-    rule::rule(r, kind, matches, namespace, object, field)
+    rule::rule(r, kind, matches, namespaces, object, field)
 }
 
 /// A parentRef: a Service (core group) or a Server (policy.ambit.dev); `None` for a

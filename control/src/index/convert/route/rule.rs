@@ -9,12 +9,21 @@ use crate::index::route::{
 };
 use ambit_api::duration::parse_gateway_duration;
 
+/// The namespaces a route's backends may be in without a ReferenceGrant: the route's
+/// own and, for a consumer route (GAMMA: a route whose parent is a Service of another
+/// namespace), its parent Services' — the producer's Services the consumer already
+/// sends to.
+pub(super) struct Namespaces<'a> {
+    pub(super) route: &'a str,
+    pub(super) consumer_of: Vec<&'a str>,
+}
+
 /// The rule, its matches already converted.
 pub(super) fn rule<M>(
     r: &RuleSpec<M>,
     kind: RouteKind,
     matches: Vec<RequestMatch>,
-    namespace: &str,
+    namespaces: &Namespaces<'_>,
     object: &str,
     field: &str,
 ) -> Result<RouteRule, ConvertError> {
@@ -29,12 +38,12 @@ pub(super) fn rule<M>(
     let prefix_only = matches
         .iter()
         .all(|m| matches!(m, RequestMatch::Http(h) if matches!(h.path, PathMatch::Prefix(_))));
-    let f = filters(r, kind, prefix_only, namespace, object, field)?;
+    let f = filters(r, kind, prefix_only, namespaces, object, field)?;
     let mut backends = Vec::new();
     for (i, b) in r.backend_refs.iter().flatten().enumerate() {
         backends.push(backend(
             b,
-            namespace,
+            namespaces,
             object,
             &format!("{field}.backendRefs[{i}]"),
         )?);
@@ -93,7 +102,7 @@ fn filters<M>(
     r: &RuleSpec<M>,
     kind: RouteKind,
     prefix_only: bool,
-    namespace: &str,
+    namespaces: &Namespaces<'_>,
     object: &str,
     field: &str,
 ) -> Result<Filters, ConvertError> {
@@ -164,7 +173,7 @@ fn filters<M>(
             }
             "RequestMirror" => {
                 let spec = f.request_mirror.as_ref().ok_or_else(|| required("requestMirror"))?;
-                out.mirrors.push(mirror(spec, namespace, object, &format!("{at}.requestMirror"))?);
+                out.mirrors.push(mirror(spec, namespaces, object, &format!("{at}.requestMirror"))?);
             }
             "" => return Err(err(object, &format!("{at}.type"), "required")),
             other => {
@@ -327,7 +336,7 @@ fn path_modifier(
 
 fn mirror(
     m: &gateway::RequestMirror,
-    namespace: &str,
+    namespaces: &Namespaces<'_>,
     object: &str,
     field: &str,
 ) -> Result<Mirror, ConvertError> {
@@ -343,7 +352,7 @@ fn mirror(
             "a mirror has no weight; use percent or fraction",
         ));
     }
-    let backend = backend(b, namespace, object, &at)?;
+    let backend = backend(b, namespaces, object, &at)?;
     let (numerator, denominator) = match (m.percent, &m.fraction) {
         (Some(_), Some(_)) => {
             return Err(err(
@@ -447,7 +456,7 @@ pub(super) fn header_name(
 
 fn backend(
     b: &gateway::BackendRef,
-    namespace: &str,
+    namespaces: &Namespaces<'_>,
     object: &str,
     field: &str,
 ) -> Result<BackendRef, ConvertError> {
@@ -497,12 +506,13 @@ fn backend(
         .clone()
         .filter(|n| !n.is_empty())
         .ok_or_else(|| err(object, &format!("{field}.name"), "required"))?;
+    let namespace = namespaces.route;
     let ns = b.namespace.clone().unwrap_or_else(|| namespace.to_string());
-    if ns != namespace {
+    if ns != namespace && !namespaces.consumer_of.contains(&ns.as_str()) {
         return Err(err(
             object,
             &format!("{field}.namespace"),
-            format!("{ns:?}: backends in another namespace need a ReferenceGrant, which Ambit does not support yet; use a Service of {namespace:?}"),
+            format!("{ns:?}: backends in another namespace need a ReferenceGrant, which Ambit does not support yet; use a Service of {namespace:?} (or, from a consumer route, of its parent Service's namespace)"),
         ));
     }
     let port = match b.port {

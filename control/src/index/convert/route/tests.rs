@@ -198,6 +198,23 @@ fn redirect_rewrite_and_mirror_filters_with_their_defaults() {
 }
 
 #[test]
+fn a_consumer_route_may_send_to_its_parents_namespace_and_no_other() {
+    // GAMMA's consumer route (the conformance suite's MeshConsumerRoute): in the
+    // client's namespace, its parent and backend a Service of the producer's.
+    let r = one(&format!("{H}spec: {{parentRefs: [{{group: core, kind: Service, name: echo, namespace: prod, port: 80}}], rules: [{{backendRefs: [{{name: echo-v1, namespace: prod, port: 80}}, {{name: local, port: 80}}]}}]}}\n"));
+    let names: Vec<(&str, &str)> = r.rules[0]
+        .backends
+        .iter()
+        .map(|b| (b.namespace.as_str(), b.name.as_str()))
+        .collect();
+    assert_eq!(names, [("prod", "echo-v1"), ("shop", "local")]);
+    // A third namespace still needs a ReferenceGrant; so does a producer route's.
+    let (f, m) = refused("{parentRefs: [{group: core, kind: Service, name: echo, namespace: prod}], rules: [{backendRefs: [{name: b, port: 80, namespace: third}]}]}");
+    assert_eq!(f, "spec.rules[0].backendRefs[0].namespace", "{m}");
+    assert!(m.contains("ReferenceGrant"), "{m}");
+}
+
+#[test]
 fn a_grpcroute_matches_service_and_method() {
     let r = one(&format!(
         "{G}spec:
