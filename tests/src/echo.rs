@@ -46,12 +46,7 @@ impl Echo {
 
     /// Requests received with `path` (gRPC: with `x-test-case: path`).
     pub fn count(&self, path: &str) -> u32 {
-        self.by_path
-            .lock()
-            .unwrap()
-            .get(path)
-            .copied()
-            .unwrap_or(0)
+        self.by_path.lock().unwrap().get(path).copied().unwrap_or(0)
     }
 
     /// Answers nothing until [`Self::release`].
@@ -134,7 +129,10 @@ pub async fn serve(
     echo
 }
 
-async fn answer(e: &Echo, req: http::Request<hyper::body::Incoming>) -> http::Response<Full<Bytes>> {
+async fn answer(
+    e: &Echo,
+    req: http::Request<hyper::body::Incoming>,
+) -> http::Response<Full<Bytes>> {
     let delay = req
         .headers()
         .get("x-echo-delay-ms")

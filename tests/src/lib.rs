@@ -369,9 +369,12 @@ impl ControlPlane {
         format!("https://{}", self.policy_addr)
     }
 
-    /// Rewrites the cluster directory's YAML.
+    /// Rewrites the cluster directory's YAML, whole at once (written beside the directory
+    /// and renamed in: the backend never reads a file half written).
     pub fn set_cluster(&self, yaml: &str) {
-        std::fs::write(self.cluster_file(), yaml).unwrap();
+        let tmp = self.dir.path().join("cluster.yaml.new");
+        std::fs::write(&tmp, yaml).unwrap();
+        std::fs::rename(&tmp, self.cluster_file()).unwrap();
     }
 
     /// The cluster YAML file.

@@ -190,6 +190,11 @@ impl Client {
         }
     }
 
+    /// Sends `host` as the Host header from now on (the default: the address dialled).
+    pub fn set_host(&mut self, host: &str) {
+        self.host = host.to_string();
+    }
+
     /// Sends `method path` with `headers` and `body`; the connection stays open.
     pub async fn send(
         &mut self,

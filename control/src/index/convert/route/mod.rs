@@ -51,9 +51,7 @@ fn route<M>(
         consumer_of: parents
             .iter()
             .filter_map(|p| match p {
-                RouteParent::Service { namespace: ns, .. } if *ns != namespace => {
-                    Some(ns.as_str())
-                }
+                RouteParent::Service { namespace: ns, .. } if *ns != namespace => Some(ns.as_str()),
                 _ => None,
             })
             .collect(),
