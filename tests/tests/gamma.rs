@@ -387,6 +387,8 @@ fn cases() -> Vec<Case> {
                 (get(&echo(), "/?animal=whale"), ok("echo-v1")),
                 (get(&echo(), "/?animal=dolphin"), ok("echo-v2")),
                 (get(&echo(), "/?animal=dolphin&color=blue"), ok("echo-v2")),
+                // Matched decoded.
+                (get(&echo(), "/?anim%61l=dol%70hin"), ok("echo-v2")),
                 (get(&echo(), "/?animal=whale&otherparam=irrelevant"), ok("echo-v1")),
                 (get(&echo(), "/?animal=shark"), Want { status: 404, ..Want::default() }),
             ],

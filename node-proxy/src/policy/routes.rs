@@ -420,13 +420,42 @@ impl Matcher {
     }
 }
 
-/// The values of query parameter `name` (percent-decoding left as sent: Gateway API
-/// matches the raw value), first first.
+/// The values of query parameter `name`, first first: names and values compared decoded
+/// (`%XX` and `+` for a space, as a form encodes them), so that `?q=a%20b` matches the
+/// value `a b` a route writes.
 fn query_values<'a>(query: Option<&'a str>, name: &'a str) -> impl Iterator<Item = String> + 'a {
     query.unwrap_or("").split('&').filter_map(move |kv| {
         let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
-        (k == name).then(|| v.to_string())
+        (decode_query(k) == name).then(|| decode_query(v))
     })
+}
+
+/// `s` with `+` as a space and `%XX` decoded; an escape that is not two hex digits is
+/// kept as sent, and bytes that are not UTF-8 are replaced (they match no route value).
+fn decode_query(s: &str) -> String {
+    if !s.contains(['%', '+']) {
+        return s.to_string();
+    }
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let hex = |c: u8| (c as char).to_digit(16).and_then(|d| u8::try_from(d).ok());
+    let mut i = 0;
+    while i < b.len() {
+        let escaped = (b[i] == b'%')
+            .then(|| Some((hex(*b.get(i + 1)?)?, hex(*b.get(i + 2)?)?)))
+            .flatten();
+        match (b[i], escaped) {
+            (_, Some((hi, lo))) => {
+                out.push(hi << 4 | lo);
+                i += 3;
+                continue;
+            }
+            (b'+', _) => out.push(b' '),
+            (c, _) => out.push(c),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// RequestHeaderModifier / ResponseHeaderModifier.

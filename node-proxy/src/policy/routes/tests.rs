@@ -116,6 +116,14 @@ fn the_first_matching_rule_wins_and_none_is_a_404() {
         (request("GET", "/items/42x?view=full", &[]), "404"),
         (request("GET", "/items/42?view=fuller", &[]), "404"),
         (request("GET", "/items/42", &[]), "404"),
+        // Names and values are matched decoded (%XX, + for a space); a bad escape is
+        // kept as sent.
+        (
+            request("GET", "/items/42?v%69ew=f%75ll", &[]),
+            "regex-query",
+        ),
+        (request("GET", "/items/42?view=full%", &[]), "404"),
+        (request("GET", "/items/42?view=fu%zzll", &[]), "404"),
     ];
     for (req, want) in cases {
         assert_eq!(selected(&r, &req), want, "{} {}", req.method(), req.uri());
@@ -418,4 +426,18 @@ fn a_clients_namespace_takes_its_consumer_routes_on_their_ports_only() {
         ..Default::default()
     });
     assert!(twice.unwrap_err().contains("twice"));
+}
+
+#[test]
+fn query_parameters_are_decoded_as_a_form_encodes_them() {
+    use super::decode_query;
+    assert_eq!(decode_query("a%20b"), "a b");
+    assert_eq!(decode_query("a+b"), "a b");
+    assert_eq!(decode_query("%e2%9c%93"), "✓");
+    assert_eq!(decode_query("100%"), "100%");
+    assert_eq!(decode_query("%4"), "%4");
+    assert_eq!(decode_query("%zz%41"), "%zzA");
+    assert_eq!(decode_query("plain"), "plain");
+    // Not UTF-8: replaced, so that it matches no value a route can write.
+    assert_eq!(decode_query("%ff"), "\u{fffd}");
 }
